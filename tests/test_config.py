@@ -1,0 +1,83 @@
+"""The params schema: every shipped params file validates; typos and bad values fail naming the key path."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalelab.config import ParamsError, load_params, parse_params
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = [ROOT / "params.yaml", *sorted((ROOT / "configs").glob("*.yaml")), ROOT / "tests" / "micro_params.yaml"]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_params_file_validates(path):
+    params = load_params(path)
+    grid = params.pretrain.grid
+    # every cell of the matrices resolves to a valid model
+    for variant in grid.variants:
+        for size in grid.sizes:
+            params.resolve_model(size, variant, vocab_size=params.tokenizer.vocab_size)
+    for recipe in grid.recipes:
+        for variant in grid.recipe_variants:
+            params.resolve_model(grid.recipe_size, variant, vocab_size=params.tokenizer.vocab_size,
+                                 moe=params.pretrain.recipes[recipe].moe)
+
+
+def _raw():
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_unknown_key_is_named():
+    raw = _raw()
+    raw["prepare"]["val_fractoin"] = 0.1
+    with pytest.raises(ParamsError, match=r"prepare\.val_fractoin: unknown key"):
+        parse_params(raw)
+
+
+def test_nested_unknown_key_is_named():
+    raw = _raw()
+    raw["model"]["sizes"]["xs"]["n_layers"] = 3
+    with pytest.raises(ParamsError, match=r"model\.sizes\.xs\.n_layers"):
+        parse_params(raw)
+
+
+@pytest.mark.parametrize(
+    "section,key,value,needle",
+    [
+        ("prepare", "val_fraction", 0.7, "prepare.val_fraction"),
+        ("tokenizer", "vocab_size", 10, "tokenizer.vocab_size"),
+        ("pretrain", "precision", "fp8", "pretrain.precision"),
+        ("pretrain", "batch_size", 0, "pretrain.batch_size"),
+    ],
+)
+def test_bad_values_are_named(section, key, value, needle):
+    raw = _raw()
+    raw[section][key] = value
+    with pytest.raises(ParamsError, match=needle.replace(".", r"\.")):
+        parse_params(raw)
+
+
+def test_cross_references_are_checked():
+    raw = _raw()
+    raw["pretrain"]["grid"]["variants"].append("unifed")
+    with pytest.raises(ParamsError, match="unknown variant 'unifed'"):
+        parse_params(raw)
+    raw = _raw()
+    raw["pretrain"]["recipes"]["base"]["optimizer"] = "adamv"
+    with pytest.raises(ParamsError, match=r"pretrain\.recipes\.base\.optimizer"):
+        parse_params(raw)
+
+
+def test_model_shape_checks():
+    raw = _raw()
+    raw["model"]["sizes"]["xs"]["n_kv_head"] = 3
+    params = parse_params(raw)
+    with pytest.raises(ValueError, match="divisible by n_kv_head"):
+        params.resolve_model("xs", "standard", vocab_size=100)
+
+
+def test_missing_file_is_clear(tmp_path):
+    with pytest.raises(ParamsError, match="not found"):
+        load_params(tmp_path / "nope.yaml")
