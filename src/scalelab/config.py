@@ -34,6 +34,7 @@ class CorpusConfig(Strict):
     hub_config: str | None = None
     hub_split: str = "train"
     text_column: str = "text"
+    streaming: bool = False  # hub: stream instead of downloading the whole split (needs max_documents)
     # Plain-text files become one document each, or several when a line matches this regex (a heading).
     doc_split_regex: str | None = r"^#+ SCENE"
     max_documents: PosInt | None = None
@@ -44,6 +45,8 @@ class CorpusConfig(Strict):
             raise ValueError("corpus.source 'local' needs corpus.path (a file or folder)")
         if self.source == "hub" and not self.hub_id:
             raise ValueError("corpus.source 'hub' needs corpus.hub_id")
+        if self.streaming and (self.source != "hub" or not self.max_documents):
+            raise ValueError("corpus.streaming needs source 'hub' and a max_documents budget")
         return self
 
 

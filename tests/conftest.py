@@ -1,0 +1,38 @@
+"""Test isolation: no test writes to the project's mlflow.db, .prefect or caches; no network."""
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_STATE = Path(tempfile.mkdtemp(prefix="scalelab-tests-"))
+# Set before scalelab is imported anywhere, so its setdefault()s keep these.
+os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_STATE / 'mlflow.db'}"
+os.environ["PREFECT_HOME"] = str(_STATE / "prefect")
+os.environ["HF_HOME"] = str(_STATE / "hf")
+for key, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                   "DVC_NO_ANALYTICS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                   "MLFLOW_ENABLE_TELEMETRY": "false", "DO_NOT_TRACK": "1"}.items():
+    os.environ.setdefault(key, value)
+
+ROOT = Path(__file__).resolve().parents[1]
+MICRO = ROOT / "tests" / "micro_params.yaml"
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def micro_params():
+    from scalelab.config import load_params
+
+    return load_params(MICRO)
