@@ -1,0 +1,341 @@
+"""MLflow tracking: one experiment per project, a parent run per pipeline execution, a child run per stage cell.
+
+DESIGN "Contracts: MLflow". The Prefect flow opens the parent run (`pipeline_run`) and hands its id to the stages in
+SCALELAB_PARENT_RUN_ID; under plain `dvc repro` every stage finds or creates the parent keyed by the git commit and the
+sha256 of params.yaml, so all stages of one repro share it. Tracking never stops a stage: a failure (server down, bad
+URI, sqlite locked) warns once and the run becomes a no-op (run_id None when no run could be opened).
+
+HTTP servers: importing this module sets (setdefault: the user's values win) MLFLOW_HTTP_REQUEST_MAX_RETRIES=2 and
+MLFLOW_HTTP_REQUEST_TIMEOUT=20, since MLflow's defaults (7 retries with exponential backoff, 120 s timeout) hang a
+stage for minutes per call once the server is gone; and every run starts with a 3 s probe of the server's /health, so
+an unreachable server costs a stage seconds, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+from scalelab import project_root
+
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+
+PARENT_ENV = "SCALELAB_PARENT_RUN_ID"  # set by the Prefect flow
+FLOW_RUN_ENV = "SCALELAB_PREFECT_FLOW_RUN_ID"  # set by the Prefect flow
+RUN_ENV = "SCALELAB_RUN_ID"  # set by rank 0, inherited by the DDP ranks Lightning re-launches
+BIG_FILE = 64 * 2**20  # deps above this are hashed by size + mtime
+BATCH, METRIC_BATCH = 100, 1000  # MLflow's log_batch limits (params/tags, metrics)
+MAX_KEY, MAX_PARAM, MAX_TAG = 250, 6000, 8000  # MLflow's length limits
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
+def public_uri() -> str:
+    """The tracking URI without its password: safe in outs and links."""
+    parts = urllib.parse.urlsplit(tracking_uri())
+    if parts.password is None:
+        return tracking_uri()
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", "@")).geturl()
+
+
+def run_url(experiment_id: str, run_id: str) -> str | None:
+    """A link into the MLflow UI for http(s) servers; None for local stores (open them with `mlflow ui`)."""
+    uri = public_uri()
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}" if uri.startswith("http") else None
+
+
+@lru_cache
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_root(), capture_output=True, text=True)
+    except OSError:
+        return "nogit"
+    return out.stdout.strip() if out.returncode == 0 else "nogit"
+
+
+def pipeline_key() -> str:
+    """Identifies one plain `dvc repro`: git commit + sha256 of params.yaml."""
+    params = project_root() / "params.yaml"
+    params_hash = hashlib.sha256(params.read_bytes() if params.is_file() else b"").hexdigest()
+    return hashlib.sha256(f"{git_commit()}:{params_hash}".encode()).hexdigest()[:16]
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    if st.st_size > BIG_FILE:  # re-reading GB token shards at every stage start costs minutes; DVC hashes them anyway
+        return f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def deps_hash(params: Mapping[str, Any], deps: Sequence[str | os.PathLike] = ()) -> str:
+    """sha256 over the params' JSON and each dep's content (a folder: its files, walked in sorted order)."""
+    h = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode())
+    for dep in sorted(map(Path, deps)):
+        for f in sorted(p for p in dep.rglob("*") if p.is_file()) if dep.is_dir() else [dep]:
+            h.update(f"{f.as_posix()}:{_file_digest(f) if f.is_file() else 'missing'}\n".encode())
+    return h.hexdigest()
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay single values."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)  # python, numpy and 0-d torch numbers
+    except (TypeError, ValueError):
+        return None
+
+
+def _connect(experiment: str) -> tuple[MlflowClient, str]:
+    """Probe the store (fails fast) and get or create the experiment; raises on any tracking problem."""
+    uri, artifacts = tracking_uri(), None
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=3).close()
+        except urllib.error.HTTPError:
+            pass  # it answered (e.g. an auth proxy): reachable
+    elif uri.startswith("sqlite:///"):  # artifacts beside the db, not in whatever the cwd is
+        db = Path(uri.removeprefix("sqlite:///")).resolve()
+        db.parent.mkdir(parents=True, exist_ok=True)
+        artifacts = (db.parent / "mlartifacts").as_uri()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return client, client.create_experiment(experiment, artifact_location=artifacts)
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return client, exp.experiment_id
+
+
+def _repro_parent(client: MlflowClient, experiment_id: str, create: bool) -> str | None:
+    """The parent run of this plain `dvc repro` (same pipeline key, not failed), created when asked."""
+    key = pipeline_key()
+    query = f"tags.`scalelab.pipeline_key` = '{key}'"
+    for run in client.search_runs([experiment_id], query, max_results=20, order_by=["attributes.start_time DESC"]):
+        if run.info.status in ("RUNNING", "FINISHED"):
+            return run.info.run_id
+    if not create:
+        return None
+    tags = {"scalelab.pipeline_key": key, "git.commit": git_commit()}
+    return client.create_run(experiment_id, run_name=f"dvc repro {git_commit()[:8]}", tags=tags).info.run_id
+
+
+class StageRun:
+    """One MLflow run. A tracking failure warns once, then every method is a no-op; nothing raises."""
+
+    def __init__(self, experiment: str, run_id: str | None = None, active: bool = True):
+        self.experiment, self.run_id, self.experiment_id = experiment, run_id, None
+        self._active = active  # False on DDP ranks > 0: rank 0 tracks and records
+        self._client: MlflowClient | None = None
+        self._parent: str | None = None  # the parent whose status this run keeps (plain `dvc repro`)
+        self._logged: set[str] = set()  # param keys already in a reopened run: MLflow forbids changing them
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> None:
+        if self._client is None:
+            return
+        try:
+            getattr(self._client, method)(*args, **kwargs)
+        except Exception as err:  # tracking never stops a stage (DESIGN)
+            self._client = None
+            msg = f"MLflow tracking off for this run ({method}: {type(err).__name__}: {err})"
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+    def _open(self, name: str, tags: dict[str, str], run_id: str | None = None, nested: bool = False) -> None:
+        client, self.experiment_id = _connect(self.experiment)
+        if nested:  # under the flow's parent, else under this repro's, whose status its stages keep
+            parent = os.environ.get(PARENT_ENV)
+            if not parent:
+                parent = self._parent = _repro_parent(client, self.experiment_id, create=True)
+                client.update_run(parent, status="RUNNING")
+            tags[MLFLOW_PARENT_RUN_ID] = parent
+        if run_id:  # resume: continue the run stored beside the checkpoint
+            try:
+                self._logged = set(client.get_run(run_id).data.params)
+                client.update_run(run_id, status="RUNNING")
+            except MlflowException as err:
+                if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                warnings.warn(f"MLflow run {run_id} not found; starting a new one", RuntimeWarning)
+                run_id = None
+        self.run_id = run_id or client.create_run(self.experiment_id, run_name=name).info.run_id
+        self._client = client
+        self.set_tags(tags)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        items = [Param(k[:MAX_KEY], str(v)[:MAX_PARAM]) for k, v in flatten(params).items() if k not in self._logged]
+        for i in range(0, len(items), BATCH):
+            self._call("log_batch", self.run_id, params=items[i : i + BATCH])
+        self._logged |= {p.key for p in items}
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        now = int(time.time() * 1000)
+        values = {re.sub(r"[^\w\-./ ]", "_", k)[:MAX_KEY]: _number(v) for k, v in metrics.items()}  # MLflow's charset
+        items = [Metric(k, v, now, step or 0) for k, v in values.items() if v is not None]
+        for i in range(0, len(items), METRIC_BATCH):
+            self._call("log_batch", self.run_id, metrics=items[i : i + METRIC_BATCH])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        items = [RunTag(k[:MAX_KEY], str(v)[:MAX_TAG]) for k, v in tags.items()]
+        for i in range(0, len(items), BATCH):
+            self._call("log_batch", self.run_id, tags=items[i : i + BATCH])
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        self._call("log_artifact", self.run_id, str(path), artifact_path)
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        """A matplotlib figure into the run, e.g. `plots/scaling.png`."""
+        self._call("log_figure", self.run_id, figure, artifact_file)
+
+    def record(self, out_dir: str | os.PathLike) -> Path | None:
+        """Write out_dir/mlflow_run.json (atomically): the stage's outs point to the run that made them."""
+        if not self._active:
+            return None
+        path = Path(out_dir) / "mlflow_run.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        info = {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": public_uri()}
+        tmp.write_text(json.dumps(info, indent=1) + "\n")
+        os.replace(tmp, path)
+        return path
+
+    def lightning_logger(self):
+        """Lightning's MLFlowLogger bound to this run (always with the URI: DESIGN), or None when tracking is down.
+
+        On DDP ranks > 0 it is bound to rank 0's run and logs nothing (Lightning logs from rank 0 only)."""
+        if self.run_id is None or (self._active and self._client is None):
+            return None
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        return MLFlowLogger(self.experiment, tracking_uri=tracking_uri(), run_id=self.run_id, log_model=False)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self._call("set_terminated", self.run_id, status)
+        if self._parent:  # a plain repro's parent shows how its latest stage ended
+            self._call("set_terminated", self._parent, status)
+        if self._active and self.run_id and os.environ.get(RUN_ENV) == self.run_id:
+            del os.environ[RUN_ENV]
+
+
+@contextlib.contextmanager
+def _lifecycle(run: StageRun) -> Iterator[StageRun]:
+    try:
+        yield run
+    except BaseException as exc:
+        run.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    run.end("FINISHED")
+
+
+def _warn_down(err: Exception) -> None:
+    msg = f"MLflow tracking unavailable at {public_uri()} ({type(err).__name__}: {err}); continuing without it"
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+
+@contextlib.contextmanager
+def stage_run(
+    stage: str,
+    *,
+    params: Mapping[str, Any],
+    experiment: str = "scalelab",
+    deps: Sequence[str | os.PathLike] = (),
+    run_id: str | None = None,
+) -> Iterator[StageRun]:
+    """The child run of one stage cell under the pipeline's parent run; `run_id` reopens a run (resume).
+
+    Ends FINISHED, or FAILED when the body raises (the exception propagates)."""
+    if any(os.environ.get(k, "0") != "0" for k in ("RANK", "LOCAL_RANK", "NODE_RANK")):  # a DDP rank > 0
+        with _lifecycle(StageRun(experiment, os.environ.get(RUN_ENV) or None, active=False)) as run:
+            yield run
+        return
+    params = params.model_dump(mode="json") if hasattr(params, "model_dump") else dict(params)
+    run = StageRun(experiment)
+    try:
+        tags = {"dvc.stage": os.environ.get("DVC_STAGE", stage), "scalelab.deps_hash": deps_hash(params, deps)}
+        tags |= {"git.commit": git_commit(), "mlflow.source.git.commit": git_commit()}
+        if flow_run_id := os.environ.get(FLOW_RUN_ENV):
+            tags["prefect.flow_run_id"] = flow_run_id
+        run._open(stage, tags, run_id, nested=True)
+        run.log_params(params)
+        os.environ[RUN_ENV] = run.run_id
+    except Exception as err:
+        _warn_down(err)
+    with _lifecycle(run):
+        yield run
+
+
+@contextlib.contextmanager
+def pipeline_run(
+    name: str, *, experiment: str = "scalelab", tags: Mapping[str, str] | None = None
+) -> Iterator[StageRun]:
+    """The parent run of one pipeline execution (the Prefect flow's); run_id None when tracking is down."""
+    run = StageRun(experiment)
+    try:
+        run._open(name, {"git.commit": git_commit(), **(tags or {})})
+    except Exception as err:
+        _warn_down(err)
+    with _lifecycle(run):
+        yield run
+
+
+def parent_run_id(experiment: str = "scalelab") -> str | None:
+    """The parent run stages started now would nest under: the flow's, else this repro's (None: none yet, or
+    tracking is down). Creates nothing."""
+    try:
+        return os.environ.get(PARENT_ENV) or _repro_parent(*_connect(experiment), create=False)
+    except Exception as err:
+        _warn_down(err)
+        return None
+
+
+def child_runs(parent_id: str) -> list[dict[str, Any]]:
+    """The stage runs under a parent: name, stage (tag `dvc.stage`), run_id, status, url (http servers only)."""
+    try:
+        client = MlflowClient(tracking_uri())
+        exp_id = client.get_run(parent_id).info.experiment_id
+        query = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_id}'"
+        runs = client.search_runs([exp_id], query, order_by=["attributes.start_time ASC"])
+    except Exception as err:
+        _warn_down(err)
+        return []
+    return [
+        {
+            "name": r.info.run_name,
+            "stage": r.data.tags.get("dvc.stage", r.info.run_name),
+            "run_id": r.info.run_id,
+            "status": r.info.status,
+            "url": run_url(exp_id, r.info.run_id),
+        }
+        for r in runs
+    ]

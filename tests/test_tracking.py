@@ -1,0 +1,159 @@
+"""scalelab.tracking: parent/child runs, tags, params, resume, and tracking failures that never stop a stage."""
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from scalelab import tracking
+
+
+@pytest.fixture(scope="module")
+def db():
+    # MLflow creates its schema with dozens of fsyncs: on tmpfs the store is ready several times faster
+    folder = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    yield f"sqlite:///{folder / 'mlflow.db'}"
+    shutil.rmtree(folder)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, db, request):
+    """A project root with params.yaml, a shared sqlite store, one experiment per test, no flow in the env."""
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCALELAB_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", db)
+    for var in (tracking.PARENT_ENV, tracking.FLOW_RUN_ENV, tracking.RUN_ENV, "DVC_STAGE"):
+        monkeypatch.delenv(var, raising=False)
+    tracking.git_commit.cache_clear()
+    return tmp_path, request.node.name
+
+
+def run(run_id):
+    return MlflowClient(tracking.tracking_uri()).get_run(run_id)
+
+
+def test_child_nested_under_repro_parent_with_tags_and_flat_params(project):
+    root, exp = project
+    (root / "dep").mkdir()
+    (root / "dep" / "x.bin").write_bytes(b"abc")
+    params = {"model": {"d_model": 64, "sizes": [1, 2]}, "name": "x" * 7000}
+    with tracking.stage_run("pretrain@standard-s-0", params=params, experiment=exp, deps=["dep"]) as r1:
+        r1.log_metrics({"loss": 2.5, "bad key!": 1, "note": "text"}, step=3)
+    with tracking.stage_run("evaluate", params={}, experiment=exp) as r2:
+        pass
+    c1, c2 = run(r1.run_id), run(r2.run_id)
+    parent = c1.data.tags["mlflow.parentRunId"]
+    assert tracking.parent_run_id(exp) == parent
+    assert c2.data.tags["mlflow.parentRunId"] == parent  # same commit + params.yaml: one parent per repro
+    assert run(parent).data.tags["scalelab.pipeline_key"] == tracking.pipeline_key()
+    assert run(parent).info.status == "FINISHED" and c1.info.status == "FINISHED"
+    assert c1.info.run_name == c1.data.tags["dvc.stage"] == "pretrain@standard-s-0"
+    assert c1.data.tags["git.commit"] == "nogit"
+    assert c1.data.tags["scalelab.deps_hash"] == tracking.deps_hash(params, ["dep"])
+    assert c1.data.params["model.d_model"] == "64" and c1.data.params["model.sizes"] == "[1, 2]"
+    assert len(c1.data.params["name"]) == tracking.MAX_PARAM
+    assert c1.data.metrics == {"loss": 2.5, "bad key_": 1.0}
+    (root / "params.yaml").write_text("seed: 1\n")  # new params: a new pipeline execution
+    with tracking.stage_run("evaluate", params={}, experiment=exp) as r3:
+        pass
+    assert run(r3.run_id).data.tags["mlflow.parentRunId"] != parent
+
+
+def test_flow_parent_from_env_and_batches_over_mlflow_limits(project, monkeypatch):
+    _, exp = project
+    with tracking.pipeline_run("pipeline test", experiment=exp) as parent:
+        monkeypatch.setenv(tracking.PARENT_ENV, parent.run_id)
+        monkeypatch.setenv(tracking.FLOW_RUN_ENV, "flow-123")
+        params = {f"p{i}": i for i in range(250)}  # > 100 params per log_batch
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a rejected batch would warn
+            with tracking.stage_run("tokenize", params=params, experiment=exp) as child:
+                child.log_metrics({f"m{i}": i for i in range(1500)}, step=1)  # > 1000 metrics per log_batch
+        assert run(parent.run_id).info.status == "RUNNING"  # the flow owns its parent's status
+    c = run(child.run_id)
+    assert c.data.tags["mlflow.parentRunId"] == parent.run_id and c.data.tags["prefect.flow_run_id"] == "flow-123"
+    assert len(c.data.params) == 250 and len(c.data.metrics) == 1500
+    assert run(parent.run_id).info.status == "FINISHED"
+    assert [(k["stage"], k["run_id"]) for k in tracking.child_runs(parent.run_id)] == [("tokenize", child.run_id)]
+
+
+def test_reopen_by_run_id_continues_the_run(project):
+    _, exp = project
+    with tracking.stage_run("pretrain@a", params={"lr": 1}, experiment=exp) as first:
+        first.log_metrics({"loss": 3.0}, step=10)
+    with tracking.stage_run("pretrain@a", params={"lr": 1}, experiment=exp, run_id=first.run_id) as again:
+        again.log_metrics({"loss": 2.0}, step=20)
+    assert again.run_id == first.run_id
+    history = MlflowClient(tracking.tracking_uri()).get_metric_history(first.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(10, 3.0), (20, 2.0)]
+    assert run(first.run_id).info.status == "FINISHED"
+
+
+def test_body_raising_marks_failed_and_reraises(project):
+    _, exp = project
+    with pytest.raises(ZeroDivisionError):
+        with tracking.stage_run("compress@x", params={}, experiment=exp) as r:
+            1 / 0
+    assert run(r.run_id).info.status == "FAILED"
+    assert run(run(r.run_id).data.tags["mlflow.parentRunId"]).info.status == "FAILED"
+
+
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:9", "nosuchscheme://x"])
+def test_unreachable_tracking_warns_and_the_stage_finishes(project, monkeypatch, uri):
+    root, exp = project
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    ran, start = False, time.monotonic()
+    with pytest.warns(RuntimeWarning, match="tracking unavailable") as caught:
+        with tracking.stage_run("prepare", params={"a": 1}, experiment=exp) as r:
+            r.log_params({"b": 2})
+            r.log_metrics({"loss": 1.0})
+            r.set_tags({"t": 1})
+            ran = True
+            r.record(root / "out")
+    assert ran and r.run_id is None and r.lightning_logger() is None
+    assert len(caught) == 1  # once, not a flood
+    assert time.monotonic() - start < 20
+    assert json.loads((root / "out" / "mlflow_run.json").read_text())["run_id"] is None
+
+
+def test_failure_mid_run_warns_once_and_logging_becomes_a_noop(project):
+    _, exp = project
+    with tracking.stage_run("pretrain@b", params={}, experiment=exp) as r:
+        def down(*args, **kwargs):
+            raise ConnectionError("server gone")
+
+        r._client.log_batch = down
+        with pytest.warns(RuntimeWarning, match="server gone") as caught:
+            for step in range(5):
+                r.log_metrics({"loss": 1.0}, step=step)
+    assert len(caught) == 1
+
+
+def test_record_and_lightning_logger_bound_to_the_run(project):
+    root, exp = project
+    with tracking.stage_run("pretrain@c", params={}, experiment=exp) as r:
+        path = r.record(root / "model")
+        logger = r.lightning_logger()
+    assert json.loads(path.read_text()) == {
+        "run_id": r.run_id,
+        "experiment_id": r.experiment_id,
+        "tracking_uri": tracking.tracking_uri(),
+    }
+    assert logger.run_id == r.run_id and logger._tracking_uri == tracking.tracking_uri()
+
+
+def test_deps_hash_follows_content_and_params(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("1")
+    base = tracking.deps_hash({"x": 1}, [tmp_path / "d"])
+    assert tracking.deps_hash({"x": 1}, [tmp_path / "d"]) == base
+    assert tracking.deps_hash({"x": 2}, [tmp_path / "d"]) != base
+    (tmp_path / "d" / "a.txt").write_text("2")
+    assert tracking.deps_hash({"x": 1}, [tmp_path / "d"]) != base
