@@ -17,7 +17,6 @@ import scalelab  # noqa: I001  first: sets PREFECT_HOME, telemetry off and the M
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from scalelab import tracking
+from scalelab import profile, tracking
 
 DEFAULT_RETRIES = 2  # every stage is idempotent: training resumes from its checkpoint
 # Stage-name prefix -> retries. Data stages are deterministic: a retry would only repeat the same error.
@@ -136,10 +135,10 @@ def _experiment(root: Path) -> str:
 def pipeline(targets: list[str] | None = None, downstream: bool = False, params_file: str | None = None) -> list[dict]:
     """Run the DVC stages (all, or `targets` as `dvc repro` would) as Prefect tasks; returns each stage's status.
 
-    `params_file` switches the profile first: it is copied over params.yaml, which DVC tracks."""
+    `params_file` switches the profile first (validated, then copied over params.yaml; the old one kept as .prev)."""
     logger, root = get_run_logger(), scalelab.project_root()
     if params_file and Path(params_file).resolve() != (root / "params.yaml").resolve():
-        shutil.copyfile(params_file, root / "params.yaml")
+        profile.switch(Path(params_file), root / "params.yaml")
         logger.info(f"params.yaml <- {params_file}")
     graph = stage_graph(root)
     order, changed = select(graph, targets, downstream), changed_stages(root)

@@ -81,3 +81,10 @@ def test_model_shape_checks():
 def test_missing_file_is_clear(tmp_path):
     with pytest.raises(ParamsError, match="not found"):
         load_params(tmp_path / "nope.yaml")
+
+
+def test_bad_regex_is_a_params_error():
+    raw = _raw()
+    raw["prepare"]["corpus"]["doc_split_regex"] = "^(SCENE"
+    with pytest.raises(ParamsError, match=r"prepare\.corpus.*not a valid regex"):
+        parse_params(raw)

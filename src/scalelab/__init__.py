@@ -9,9 +9,10 @@ __version__ = "0.1.0"
 
 
 def project_root() -> Path:
-    """The folder holding params.yaml/dvc.yaml: SCALELAB_ROOT, else the nearest ancestor of the cwd that has one."""
-    if env := os.environ.get("SCALELAB_ROOT"):
-        return Path(env).resolve()
+    """The folder holding params.yaml/dvc.yaml: SCALELAB_ROOT or DVC_ROOT, else the nearest ancestor of the cwd that has one."""
+    for var in ("SCALELAB_ROOT", "DVC_ROOT"):  # DVC sets DVC_ROOT for stage commands
+        if env := os.environ.get(var):
+            return Path(env).resolve()
     cwd = Path.cwd().resolve()
     for d in (cwd, *cwd.parents):
         if (d / "dvc.yaml").exists() or (d / "params.yaml").exists():

@@ -7,6 +7,7 @@ Stages call `load_params()` (or `load_section`) first thing and write nothing wh
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -45,6 +46,11 @@ class CorpusConfig(Strict):
             raise ValueError("corpus.source 'local' needs corpus.path (a file or folder)")
         if self.source == "hub" and not self.hub_id:
             raise ValueError("corpus.source 'hub' needs corpus.hub_id")
+        if self.doc_split_regex is not None:
+            try:
+                re.compile(self.doc_split_regex, re.MULTILINE)
+            except re.error as err:
+                raise ValueError(f"corpus.doc_split_regex is not a valid regex: {err}") from None
         if self.streaming and (self.source != "hub" or not self.max_documents):
             raise ValueError("corpus.streaming needs source 'hub' and a max_documents budget")
         return self

@@ -1,0 +1,49 @@
+"""DVC stage `tokenizer`: train a byte-level BPE on the train split (or take a tokenizer.json from a file or the hub).
+
+Outs: data/tokenizer/tokenizer.json (+ mlflow_run.json), metrics/tokenizer.json (vocab size, train seconds,
+bytes per token on val).
+"""
+
+import sys
+import time
+from pathlib import Path
+
+from scalelab.config import ParamsError, load_params
+
+
+def main() -> int:
+    try:
+        params = load_params()
+    except ParamsError as err:
+        print(err, file=sys.stderr)
+        return 2
+
+    from scalelab import tracking
+    from scalelab.data import (DataError, atomic_dir, build_tokenizer, bytes_per_token, eot_id, read_prepared,
+                               write_json_atomic)
+
+    cfg, prepared, out = params.tokenizer, Path("data/prepared"), Path("data/tokenizer")
+    deps = [str(prepared / "train.parquet"), str(prepared / "val.parquet"), *([cfg.path] if cfg.kind == "file" else [])]
+    try:
+        with tracking.stage_run("tokenizer", params=cfg.model_dump(mode="json"),
+                                experiment=params.tracking.experiment, deps=deps) as run:
+            train = read_prepared(prepared, "train")
+            start = time.perf_counter()
+            tok = build_tokenizer(cfg, train)
+            seconds = time.perf_counter() - start
+            with atomic_dir(out) as tmp:
+                tok.save(str(tmp / "tokenizer.json"))
+            metrics = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "eot_id": eot_id(tok, cfg.eot_token),
+                       "train_seconds": round(seconds, 3),
+                       "val_bytes_per_token": round(bytes_per_token(tok, read_prepared(prepared, "val")), 4)}
+            write_json_atomic("metrics/tokenizer.json", metrics)
+            run.log_metrics(tracking.flatten(metrics))
+            run.record(out)
+    except DataError as err:
+        print(f"tokenizer: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
