@@ -31,6 +31,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Micro models gain nothing from threads, and lose a lot to spinning when the cores are shared."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def micro_params():
     from scalelab.config import load_params

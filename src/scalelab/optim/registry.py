@@ -26,7 +26,9 @@ class OptimizerSpec:
 
 
 def _adamw(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **cfg.kwargs)
+    # foreach: one fused kernel per op over the many small scale vectors (torch picks it by default on CUDA only).
+    kwargs = {"foreach": True, **cfg.kwargs}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kwargs)
 
 
 def _muon(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
