@@ -1,12 +1,17 @@
 """Test isolation: no test writes to the project's mlflow.db, .prefect or caches; no network."""
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-_STATE = Path(tempfile.mkdtemp(prefix="scalelab-tests-"))
+# tmpfs when there is one: creating an MLflow sqlite store there takes ~3 s instead of ~8 s.
+FAST_TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
+_STATE = Path(tempfile.mkdtemp(prefix="scalelab-tests-", dir=FAST_TMP))
+atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 # Set before scalelab is imported anywhere, so its setdefault()s keep these.
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_STATE / 'mlflow.db'}"
 os.environ["PREFECT_HOME"] = str(_STATE / "prefect")

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import FAST_TMP
 from mlflow import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
@@ -86,7 +87,7 @@ def project(tmp_path_factory, harness):
     (root / "dvc.yaml").write_text(DVC_YAML)
     write_params(root)
     # MLflow creates its schema with dozens of fsyncs: on tmpfs the store is ready several times faster
-    fast_dir = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    fast_dir = Path(tempfile.mkdtemp(dir=FAST_TMP))
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
         mp.setenv("SCALELAB_ROOT", str(root))

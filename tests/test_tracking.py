@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import FAST_TMP
 from mlflow import MlflowClient
 
 from scalelab import tracking
@@ -17,7 +18,7 @@ from scalelab import tracking
 @pytest.fixture(scope="module")
 def db():
     # MLflow creates its schema with dozens of fsyncs: on tmpfs the store is ready several times faster
-    folder = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    folder = Path(tempfile.mkdtemp(dir=FAST_TMP))
     yield f"sqlite:///{folder / 'mlflow.db'}"
     shutil.rmtree(folder)
 
