@@ -7,7 +7,6 @@ plots/pretrain/<cell>.csv.
 """
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -31,7 +30,10 @@ def main() -> int:
         print(err, file=sys.stderr)
         return 2
 
+    from lightning.pytorch.utilities import rank_zero_only
+
     from scalelab import tracking
+    from scalelab.data.shards import write_json_atomic
     from scalelab.train import Cell, config_hash, fit, resume_run_id
 
     cell = Cell(variant=args.variant, size=args.size, recipe=args.recipe, seed=args.seed)
@@ -47,16 +49,16 @@ def main() -> int:
         "optim": params.optim[params.pretrain.recipes[cell.recipe].optimizer].model_dump(mode="json"),
         "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes"}),
     }
-    run_id = resume_run_id(out_dir, config_hash(params, cell))
+    run_id = resume_run_id(out_dir, config_hash(params, cell, shards))
     with tracking.stage_run(stage, params=logged, experiment=params.tracking.experiment,
                             deps=[str(shards / "meta.json")], run_id=run_id) as run:
         metrics = fit(params, cell, out_dir, shards, run)
-        metrics = {**logged["cell"], **metrics, "mlflow_run_id": run.run_id}
+        metrics = {**logged["cell"], **metrics}
         run.record(out_dir / "model")
-    for path in (Path("metrics/pretrain") / f"{name}.json", Path("plots/pretrain") / f"{name}.csv"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    Path("metrics/pretrain", f"{name}.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
-    shutil.copyfile(out_dir / "curve.csv", Path("plots/pretrain") / f"{name}.csv")
+    if rank_zero_only.rank == 0:  # under DDP, Lightning re-runs this script on every rank
+        write_json_atomic(Path("metrics/pretrain") / f"{name}.json", {**metrics, "mlflow_run_id": run.run_id})
+        Path("plots/pretrain").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out_dir / "model" / "curve.csv", Path("plots/pretrain") / f"{name}.csv")
     return 0
 
 

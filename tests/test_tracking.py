@@ -158,3 +158,33 @@ def test_deps_hash_follows_content_and_params(tmp_path):
     assert tracking.deps_hash({"x": 2}, [tmp_path / "d"]) != base
     (tmp_path / "d" / "a.txt").write_text("2")
     assert tracking.deps_hash({"x": 1}, [tmp_path / "d"]) != base
+
+
+def test_lightning_logger_survives_an_outage_mid_training(project):
+    """DESIGN: a tracking failure never stops training; the logger warns once, then stays quiet."""
+    from mlflow.entities import Metric
+
+    root, exp = project
+    with tracking.stage_run("pretrain@x", params={}, experiment=exp) as r:
+        logger = r.lightning_logger()
+        logger.log_batch([Metric("loss", 3.0, 0, 1)])
+        assert run(r.run_id).data.metrics["loss"] == 3.0
+
+        def gone(*args, **kwargs):
+            raise ConnectionError("server gone")
+
+        logger.experiment.log_batch = logger.experiment.log_metric = gone
+        with pytest.warns(RuntimeWarning, match="unavailable"):
+            logger.log_batch([Metric("loss", 2.0, 0, 2)])
+        logger.log_metrics({"loss": 1.0}, step=3)  # no second warning, no exception
+        logger.finalize("success")
+
+
+def test_artifact_into_the_parent_run(project):
+    root, exp = project
+    (root / "scaling.png").write_bytes(b"png")
+    with tracking.stage_run("scaling", params={}, experiment=exp) as r:
+        r.log_artifact(root / "scaling.png", parent=True)
+    client = MlflowClient(tracking.tracking_uri())
+    assert [a.path for a in client.list_artifacts(r.parent_id)] == ["scaling.png"]
+    assert client.list_artifacts(r.run_id) == []

@@ -228,12 +228,15 @@ class PretrainConfig(Strict):
     val_every: PosInt = 100
     val_tokens: PosInt = 32768
     ckpt_every: PosInt = 100
-    precision: Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed"] = "32-true"
+    # No fp16: the manual-optimization loop clips and checks unscaled gradients, so it has no GradScaler.
+    precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true"
     grad_clip: NonNegFloat = 1.0
     accumulate: PosInt = 1
     accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "cpu"
     devices: PosInt = 1
-    strategy: Literal["auto", "ddp", "fsdp", "ddp_spawn"] = "auto"
+    # ddp (torchrun/SLURM or Lightning's launcher). Not fsdp yet: clipping and Muon need whole gradients/matrices.
+    # Not ddp_spawn: spawned ranks lose the callbacks' state.
+    strategy: Literal["auto", "ddp"] = "auto"
     num_nodes: PosInt = 1
     compile: bool = False
     threads: NonNegInt = 0  # torch intra-op threads on CPU; 0 leaves torch's default
@@ -247,8 +250,10 @@ class PretrainConfig(Strict):
     def _check(self) -> "PretrainConfig":
         if (self.max_steps is None) == (self.max_tokens is None):
             raise ValueError("set exactly one of pretrain.max_steps and pretrain.max_tokens")
-        if self.batch_size % self.accumulate:
-            raise ValueError("pretrain.batch_size must be divisible by pretrain.accumulate")
+        world = self.devices * self.num_nodes
+        if self.batch_size % (self.accumulate * world):
+            raise ValueError(f"pretrain.batch_size ({self.batch_size}) must split evenly into accumulate "
+                             f"({self.accumulate}) micro-batches on each of {world} devices")
         if "base" not in self.recipes:
             raise ValueError("pretrain.recipes needs a 'base' recipe (the main grid's)")
         for r in self.grid.recipes:

@@ -160,6 +160,7 @@ class StageRun:
         self._active = active  # False on DDP ranks > 0: rank 0 tracks and records
         self._client: MlflowClient | None = None
         self._parent: str | None = None  # the parent whose status this run keeps (plain `dvc repro`)
+        self.parent_id: str | None = None  # the pipeline's parent run (flow's or repro's)
         self._logged: set[str] = set()  # param keys already in a reopened run: MLflow forbids changing them
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> None:
@@ -179,7 +180,7 @@ class StageRun:
             if not parent:
                 parent = self._parent = _repro_parent(client, self.experiment_id, create=True)
                 client.update_run(parent, status="RUNNING")
-            tags[MLFLOW_PARENT_RUN_ID] = parent
+            tags[MLFLOW_PARENT_RUN_ID] = self.parent_id = parent
         if run_id:  # resume: continue the run stored beside the checkpoint
             try:
                 self._logged = set(client.get_run(run_id).data.params)
@@ -211,8 +212,11 @@ class StageRun:
         for i in range(0, len(items), BATCH):
             self._call("log_batch", self.run_id, tags=items[i : i + BATCH])
 
-    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        self._call("log_artifact", self.run_id, str(path), artifact_path)
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None, parent: bool = False) -> None:
+        """A file into this run, or with `parent` into the pipeline's parent run (e.g. the scaling plot)."""
+        target = self.parent_id if parent else self.run_id
+        if target:
+            self._call("log_artifact", target, str(path), artifact_path)
 
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         """A matplotlib figure into the run, e.g. `plots/scaling.png`."""
@@ -236,9 +240,7 @@ class StageRun:
         On DDP ranks > 0 it is bound to rank 0's run and logs nothing (Lightning logs from rank 0 only)."""
         if self.run_id is None or (self._active and self._client is None):
             return None
-        from lightning.pytorch.loggers import MLFlowLogger
-
-        return MLFlowLogger(self.experiment, tracking_uri=tracking_uri(), run_id=self.run_id, log_model=False)
+        return _safe_logger_class()(self.experiment, tracking_uri=tracking_uri(), run_id=self.run_id, log_model=False)
 
     def end(self, status: str = "FINISHED") -> None:
         self._call("set_terminated", self.run_id, status)
@@ -256,6 +258,41 @@ def _lifecycle(run: StageRun) -> Iterator[StageRun]:
         run.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     run.end("FINISHED")
+
+
+@lru_cache
+def _safe_logger_class():
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    class SafeMLFlowLogger(MLFlowLogger):
+        """Lightning's MLFlowLogger whose calls warn, once, instead of raising: an outage mid-training (server gone,
+        sqlite locked) never kills the run (DESIGN); the metrics still land in the stage's outs."""
+
+        _down = False
+
+        def _safe(self, fn, *args: Any) -> None:
+            if self._down:
+                return
+            try:
+                fn(*args)
+            except Exception as err:
+                self._down = True
+                _warn_down(err)
+
+        def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+            self._safe(super().log_metrics, metrics, step)
+
+        def log_hyperparams(self, params: Any) -> None:
+            self._safe(super().log_hyperparams, params)
+
+        def finalize(self, status: str = "success") -> None:
+            self._safe(super().finalize, status)
+
+        def log_batch(self, metrics: list[Metric]) -> None:
+            """Many steps' metrics in one request (MlflowClient.log_batch chunks them)."""
+            self._safe(lambda: self.experiment.log_batch(self.run_id, metrics=metrics))
+
+    return SafeMLFlowLogger
 
 
 def _warn_down(err: Exception) -> None:

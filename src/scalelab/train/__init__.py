@@ -1,0 +1,34 @@
+"""Training layer (Lightning): LightningModule, DataModule, callbacks and the fit/resume entry point."""
+
+from scalelab.train.callbacks import (
+    GammaStats,
+    MetricsFile,
+    NonFiniteGuard,
+    Sharpness,
+    StepCheckpoint,
+    Throughput,
+    Validation,
+    top_hessian_eigenvalue,
+)
+from scalelab.train.datamodule import StepBatches, TokenDataModule
+from scalelab.train.fit import Cell, config_hash, fit, peak_flops, resume_run_id
+from scalelab.train.module import LitLM
+
+__all__ = [
+    "Cell",
+    "GammaStats",
+    "LitLM",
+    "MetricsFile",
+    "NonFiniteGuard",
+    "Sharpness",
+    "StepBatches",
+    "StepCheckpoint",
+    "Throughput",
+    "TokenDataModule",
+    "Validation",
+    "config_hash",
+    "fit",
+    "peak_flops",
+    "resume_run_id",
+    "top_hessian_eigenvalue",
+]

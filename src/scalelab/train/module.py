@@ -1,0 +1,96 @@
+"""The LightningModule: manual optimization over the optimizer list of scalelab.optim.
+
+Manual, because a matrix optimizer comes with an AdamW side-optimizer (METHODS §A: scale vectors always get
+AdamW-style updates) and Lightning's automatic optimization steps one optimizer per batch. The module counts its own
+optimizer steps (`self.step`): Lightning's `global_step` counts every optimizer's step, i.e. twice per batch under
+Muon + AdamW, so the step, the LR schedule, the data stream and every logged metric use `self.step` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from scalelab.config import OptimizerConfig, ScaleConfig, ScheduleConfig
+from scalelab.optim import apply_lr, build_optimizers, lr_factor
+
+from scalelab.train.datamodule import Batch
+
+
+class LitLM(L.LightningModule):
+    """One training step = one global batch (this rank's share), split into `accumulate` micro-batches."""
+
+    def __init__(self, model: torch.nn.Module, *, optimizer: OptimizerConfig, scale: ScaleConfig,
+                 schedule: ScheduleConfig, total_steps: int, accumulate: int = 1, grad_clip: float = 0.0) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.model = model
+        self.optimizer_cfg, self.scale_cfg, self.schedule = optimizer, scale, schedule
+        self.total_steps, self.accumulate, self.grad_clip = total_steps, accumulate, grad_clip
+        self.step = 0  # optimizer steps completed (restored from checkpoints)
+        self.step_metrics: dict[str, float] = {}  # this step's metrics; callbacks add theirs, MetricsFile logs them
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return build_optimizers(self.model, self.optimizer_cfg, self.scale_cfg)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> None:
+        opts = self.optimizers()
+        opts = opts if isinstance(opts, list) else [opts]
+        x, y = batch
+        loss = aux = torch.zeros((), device=self.device)
+        no_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
+        for i, (xm, ym) in enumerate(zip(x.chunk(self.accumulate), y.chunk(self.accumulate))):
+            # DDP all-reduces gradients on the last micro-batch only; the earlier ones accumulate locally.
+            with no_sync() if i < self.accumulate - 1 else contextlib.nullcontext():
+                out = self.model(xm, ym)
+                self.manual_backward(out.loss / self.accumulate)
+            loss = loss + out.loss.detach() / self.accumulate
+            aux = aux + out.aux_loss.detach() / self.accumulate
+        # Mean over ranks, so every rank sees the same (possibly non-finite) loss and NonFiniteGuard acts everywhere.
+        loss, aux = self.trainer.strategy.reduce(torch.stack([loss, aux]), reduce_op="mean")
+        grad_norm = self._clip_gradients()
+        factor = lr_factor(self.schedule, self.step, self.total_steps)
+        apply_lr([o.optimizer for o in opts], factor)
+        self.step_metrics = {"train/loss": loss.item(), "train/aux_loss": aux.item(),
+                             "train/grad_norm": grad_norm.item(), "lr": opts[0].param_groups[0]["lr"]}
+        for opt in opts:  # NonFiniteGuard checks step_metrics before the first of these changes any weight
+            opt.step()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        self.step += 1
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Total L2 norm over all parameters (after DDP's all-reduce: identical on every rank); clip if asked."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+        return norm
+
+    @torch.no_grad()
+    def evaluate(self, batches: list[Batch]) -> float:
+        """Token-weighted mean cross-entropy over `batches`, summed over ranks (each rank passes its share).
+
+        Cross-entropy from the logits, not the model's loss: validation excludes the MoE auxiliary loss.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)  # [sum of token losses, tokens]
+        with self.trainer.precision_plugin.forward_context():
+            for x, y in batches:
+                x, y = x.to(self.device), y.to(self.device)
+                logits = self.model(x).logits.float()
+                total[0] += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").double()
+                total[1] += y.numel()
+        self.model.train(was_training)
+        total = self.trainer.strategy.reduce(total, reduce_op="sum")
+        return (total[0] / total[1]).item()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["scalelab"] = {"step": self.step}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.step = checkpoint["scalelab"]["step"]

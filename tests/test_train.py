@@ -1,0 +1,220 @@
+"""Training layer: a micro model learns; resume after a crash equals an uninterrupted run (same MLflow run); Muon's
+two optimizers train; the non-finite guard fails fast and keeps the last good checkpoint; the sharpness power
+iteration finds a known top eigenvalue; a stale checkpoint is moved aside, never resumed."""
+
+import csv
+import hashlib
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from mlflow import MlflowClient
+
+from scalelab import tracking
+from scalelab.config import ParamsError, parse_params
+from scalelab.data.loader import open_shards, train_batch, val_batches
+from scalelab.data.shards import file_sha256
+from scalelab.model.export import load_exported
+from scalelab.train import Cell, TokenDataModule, config_hash, fit, peak_flops, resume_run_id, top_hessian_eigenvalue
+
+VOCAB = 256
+
+
+def make_shards(out: Path, vocab: int = VOCAB, n_train: int = 40_000, n_val: int = 4_000) -> Path:
+    """Token shards of a sparse Markov chain (two successors per token: entropy ln 2), with the loader's meta.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    successors = rng.integers(0, vocab, size=(vocab, 2))
+    entries = {}
+    for split, n in (("train", n_train), ("val", n_val)):
+        picks, tokens = rng.integers(0, 2, n), np.zeros(n, np.uint16)
+        for i in range(1, n):
+            tokens[i] = successors[tokens[i - 1], picks[i]]
+        path = out / f"{split}.bin"
+        tokens.tofile(path)
+        entries[split] = {"file": path.name, "tokens": n, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    meta = {"dtype": "uint16", "vocab_size": vocab, "eot_id": 0, "tokenizer_sha256": "none", "shards": entries}
+    (out / "meta.json").write_text(json.dumps(meta))
+    return out
+
+
+def micro_raw(**pretrain) -> dict:
+    """A micro profile: 1 layer, d_model 32, seq 32, batch 8; `pretrain` overrides that section's keys."""
+    return {
+        "model": {"sizes": {"a": {"n_layer": 1, "d_model": 32, "n_head": 2, "d_ff": 64}},
+                  "variants": {"standard": {}, "unified": {"branch": True, "placement": True, "magdir": True,
+                                                           "wd_input_scales": True}}},
+        "optim": {"adamw": {"name": "adamw", "lr": 1e-2}, "muon": {"name": "muon", "lr": 2e-2, "adamw_lr": 1e-2},
+                  "sgd": {"name": "sgd", "lr": 0.5, "momentum": 0.9}},
+        "pretrain": {"seq_len": 32, "batch_size": 8, "max_steps": 40, "val_every": 10, "val_tokens": 1024,
+                     "ckpt_every": 10, "threads": 1, "gamma_every": 10, "peak_flops": 1e11,
+                     "sharpness": {"iters": 3, "batch_size": 2},
+                     "recipes": {"base": {"optimizer": "adamw"}, "muon": {"optimizer": "muon"},
+                                 "sgd": {"optimizer": "sgd"}},
+                     "grid": {"variants": ["standard"], "sizes": ["a"], "seeds": [0]}, **pretrain},
+    }
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return make_shards(tmp_path_factory.mktemp("tokens"))
+
+
+class FailAt(Callback):
+    """Raises at the start of step `step` + 1, i.e. after step `step` and its checkpoint completed."""
+
+    def __init__(self, step: int, exc: Exception | None = None, poison: bool = False) -> None:
+        self.step, self.exc, self.poison = step, exc, poison
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if pl_module.step != self.step:
+            return
+        if self.poison:  # a NaN weight: the next loss and gradients are non-finite
+            with torch.no_grad():
+                pl_module.model.embed.weight[0, 0] = float("nan")
+        else:
+            raise self.exc
+
+
+def _ckpt_step(path: Path) -> int:
+    return torch.load(path, weights_only=True)["scalelab"]["step"]
+
+
+def test_micro_run_learns_and_exports_final_weights(tmp_path, shards):
+    params = parse_params(micro_raw())
+    m = fit(params, Cell("unified", "a", "base", 0), tmp_path, shards)
+    assert m["steps"] == 40 and m["tokens"] == 40 * 8 * 32
+    assert m["val_loss"] < 0.5 * math.log(VOCAB), m  # from ln(256) = 5.5 at init
+    assert m["train_loss"] < 0.5 * math.log(VOCAB)
+    assert m["flops"] == m["flops_per_token"] * m["tokens"]
+    assert m["mfu"] == pytest.approx(m["flops_per_token"] * m["tokens_per_s"] / 1e11)
+    assert math.isfinite(m["sharpness"]) and m["gamma_max"] >= m["gamma_mean"] >= m["gamma_min"]
+    rows = list(csv.DictReader(open(tmp_path / "model/curve.csv")))
+    assert [int(r["step"]) for r in rows] == list(range(1, 41))
+    assert [int(r["step"]) for r in rows if r["val_loss"]] == [10, 20, 30, 40]
+    assert float(rows[0]["train_loss"]) > float(rows[-1]["train_loss"]) + 2
+    gamma_rows = list(csv.DictReader(open(tmp_path / "model/gamma.csv")))
+    assert [int(r["step"]) for r in gamma_rows] == [10, 20, 30, 40]
+    assert json.loads((tmp_path / "model/metrics.json").read_text())["val_loss"] == m["val_loss"]
+    # The exported weights are the final ones: they reproduce the reported validation loss.
+    model = load_exported(tmp_path / "model").eval()
+    tok = open_shards(shards)
+    losses = [(model(x, y).loss.item(), y.numel()) for x, y in
+              val_batches(tok.val, seq_len=32, val_tokens=1024, batch_size=8)]
+    assert sum(l * n for l, n in losses) / sum(n for _, n in losses) == pytest.approx(m["val_loss"], abs=1e-5)
+
+
+def test_resume_after_crash_equals_uninterrupted_run_and_reuses_mlflow_run(tmp_path, shards):
+    """Muon recipe: two optimizers' states go through the checkpoint; the loss falls."""
+    params, cell = parse_params(micro_raw()), Cell("unified", "a", "muon", 0)
+    straight = fit(params, cell, tmp_path / "straight", shards)
+    assert straight["val_loss"] < 0.5 * math.log(VOCAB)
+    assert len(torch.load(tmp_path / "straight/ckpt/last.ckpt", weights_only=True)["optimizer_states"]) == 2
+
+    out, chash = tmp_path / "resumed", config_hash(params, cell, shards)
+
+    def stage(callbacks=()):
+        with tracking.stage_run("pretrain-test", params={}, run_id=resume_run_id(out, chash)) as run:
+            return run.run_id, fit(params, cell, out, shards, run, callbacks=callbacks)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        stage([FailAt(20, RuntimeError("killed"))])
+    first_id = json.loads((out / "ckpt/run.json").read_text())["run_id"]
+    client = MlflowClient(tracking.tracking_uri())
+    assert first_id and client.get_run(first_id).info.status == "FAILED"
+    assert _ckpt_step(out / "ckpt/last.ckpt") == 20
+
+    run_id, resumed = stage()
+    assert run_id == first_id and client.get_run(run_id).info.status == "FINISHED"
+    for key in ("val_loss", "train_loss", "sharpness", "gamma_mean", "steps"):
+        assert resumed[key] == pytest.approx(straight[key], abs=1e-6), key
+    assert (out / "model/curve.csv").read_text() == (tmp_path / "straight/model/curve.csv").read_text()
+    logged = client.get_metric_history(run_id, "train/loss")
+    assert sorted(m.step for m in logged) == list(range(1, 41))  # 1..20 before the crash, 21..40 after
+
+
+def test_gradient_accumulation_matches_one_batch(tmp_path, shards):
+    """SGD without clipping: unlike Adam, its update scales with the gradient, so a mis-scaled sum shows."""
+    runs = [fit(parse_params(micro_raw(max_steps=6, accumulate=acc, grad_clip=0)), Cell("standard", "a", "sgd", 0),
+                tmp_path / str(acc), shards) for acc in (1, 4)]
+    assert runs[0]["val_loss"] == pytest.approx(runs[1]["val_loss"], abs=1e-5)
+    assert runs[0]["train_loss"] == pytest.approx(runs[1]["train_loss"], abs=1e-5)
+
+
+def test_nonfinite_guard_fails_fast_and_keeps_last_good_checkpoint(tmp_path, shards):
+    params, cell = parse_params(micro_raw(max_steps=20)), Cell("standard", "a", "muon", 0)
+    with pytest.raises(FloatingPointError, match="non-finite training values at step 10"):
+        fit(params, cell, tmp_path, shards, callbacks=[FailAt(10, poison=True)])
+    assert _ckpt_step(tmp_path / "ckpt/last.ckpt") == 10
+    assert torch.isfinite(torch.load(tmp_path / "ckpt/last.ckpt", weights_only=True)["state_dict"]
+                          ["model.embed.weight"]).all()
+    assert not (tmp_path / "model").exists() and not (tmp_path / "model/metrics.json").exists()
+
+
+def test_stream_starts_at_the_restored_step_and_ranks_split_the_global_batch(shards):
+    cfg, tok = parse_params(micro_raw(max_steps=8)).pretrain, open_shards(shards)
+    ranks = []
+    for rank in (0, 1):
+        dm = TokenDataModule(tok, cfg, seed=3)
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, lightning_module=SimpleNamespace(step=5))
+        ranks.append((list(dm.train_dataloader()), dm.val_share()))
+    (stream0, val0), (stream1, val1) = ranks
+    assert len(stream0) == len(stream1) == 3  # steps 5, 6, 7
+    for step, (x0, y0), (x1, y1) in zip(range(5, 8), stream0, stream1):
+        x, y = train_batch(tok.train, seed=3, step=step, batch_size=8, seq_len=32)
+        assert torch.equal(x[0::2], x0) and torch.equal(x[1::2], x1) and torch.equal(y[1::2], y1)
+    whole = val_batches(tok.val, seq_len=32, val_tokens=1024, batch_size=8)
+    assert len(val0) + len(val1) == len(whole) == 4  # 1024 tokens in windows of 32, batches of 8
+    for share, expected in ((val0, whole[0::2]), (val1, whole[1::2])):
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(share, expected, strict=True))
+
+
+def test_power_iteration_finds_top_eigenvalue_of_least_squares():
+    """loss = ½·mean((Ax − b)²) has Hessian AᵀA/n; compare with eigvalsh."""
+    gen = torch.Generator().manual_seed(0)
+    n, d = 40, 6
+    q, _ = torch.linalg.qr(torch.randn(n, d, generator=gen, dtype=torch.float64))
+    a = q * torch.tensor([9.0, 4.0, 2.0, 1.0, 0.5, 0.1], dtype=torch.float64)  # singular values: a clear gap
+    b = torch.randn(n, generator=gen, dtype=torch.float64)
+    x = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+    expected = torch.linalg.eigvalsh(a.T @ a / n).max().item()
+    got = top_hessian_eigenvalue(lambda: 0.5 * ((a @ x - b) ** 2).mean(), [x], iters=30)
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert top_hessian_eigenvalue(lambda: 0.5 * ((a @ x - b) ** 2).mean(), [x], iters=1) < expected * 0.999
+
+
+def test_stale_checkpoint_is_moved_aside_not_resumed(tmp_path, shards):
+    cell = Cell("standard", "a", "base", 0)
+    old, new = parse_params(micro_raw(max_steps=10)), parse_params(micro_raw(max_steps=10, grad_clip=0.5))
+    fit(old, cell, tmp_path, shards)
+    old_hash, old_bytes = config_hash(old, cell, shards), (tmp_path / "ckpt/last.ckpt").read_bytes()
+    assert config_hash(new, cell, shards) != old_hash and resume_run_id(tmp_path, config_hash(new, cell, shards)) is None
+
+    resumed_or_not = fit(new, cell, tmp_path, shards)
+    stale = tmp_path / "ckpt" / f"stale-{old_hash}"
+    assert hashlib.sha256((stale / "last.ckpt").read_bytes()).digest() == hashlib.sha256(old_bytes).digest()
+    assert json.loads((stale / "run.json").read_text())["config_hash"] == old_hash
+    assert json.loads((tmp_path / "ckpt/run.json").read_text())["config_hash"] == config_hash(new, cell, shards)
+    fresh = fit(new, cell, tmp_path / "fresh", shards)
+    assert resumed_or_not["val_loss"] == fresh["val_loss"]  # trained from scratch, not continued from the old one
+
+
+def test_unsupported_options_fail_before_compute(tmp_path, shards):
+    cell = Cell("standard", "a", "base", 0)
+    for bad, match in (({"precision": "16-mixed"}, r"pretrain\.precision"), ({"strategy": "ddp_spawn"}, "strategy"),
+                       ({"batch_size": 8, "accumulate": 8, "devices": 2}, "split evenly")):
+        with pytest.raises(ParamsError, match=match):
+            fit(parse_params(micro_raw(**bad)), cell, tmp_path, shards)
+    with pytest.raises(ParamsError, match="recipe 'nope'"):
+        fit(parse_params(micro_raw()), Cell("standard", "a", "nope", 0), tmp_path, shards)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_peak_flops_measures_a_matmul_rate():
+    fp32 = peak_flops(torch.float32, seconds=0.05)
+    assert 1e9 < fp32 < 1e13  # 2 CPU cores: ~2e11
