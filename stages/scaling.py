@@ -22,9 +22,10 @@ def main() -> int:
 
     out = Path("data/scaling")
     out.mkdir(parents=True, exist_ok=True)
-    with tracking.stage_run("scaling", params=params.scaling.model_dump(mode="json"),
+    logged = {"scaling": params.scaling.model_dump(mode="json"), "grid": params.pretrain.grid.model_dump(mode="json")}
+    with tracking.stage_run("scaling", params=logged,
                             experiment=params.tracking.experiment, deps=["metrics/pretrain"]) as run:
-        cells = scaling.collect(Path("metrics/pretrain"))
+        cells = scaling.collect(Path("metrics/pretrain"), scaling.grid_cells(params.pretrain.grid))
         summary = scaling.summarize(cells)
         fits = scaling.fit_all(summary, params.scaling.min_sizes)
         cells.write_csv(out / "cells.csv")

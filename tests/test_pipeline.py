@@ -29,7 +29,8 @@ def _run(cmd, cwd, env, check=True):
 def workspace(tmp_path_factory):
     ws = tmp_path_factory.mktemp("ws")
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    for rel in tracked + ["stages", "src"]:  # the stages and library as they are now (tracked or not)
+    code = [rel for rel in tracked if not rel.startswith(("metrics/", "plots/")) and rel != "dvc.lock"]
+    for rel in code + ["stages", "src"]:  # the code as it is now (tracked or not), no results
         src = ROOT / rel
         if src.is_dir():
             shutil.copytree(src, ws / rel, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))

@@ -59,3 +59,17 @@ def test_collect_refuses_foreign_files(tmp_path):
     (tmp_path / "x.json").write_text(json.dumps({"val_loss": 1.0}))
     with pytest.raises(ValueError, match="missing keys"):
         scaling.collect(tmp_path)
+
+
+def test_collect_reads_only_the_current_grid(tmp_path, micro_params):
+    grid = micro_params.pretrain.grid
+    names = scaling.grid_cells(grid)
+    assert len(names) == len(grid.variants) * len(grid.sizes) * len(grid.seeds) + len(grid.recipes) * len(
+        grid.recipe_variants) * len(grid.seeds)
+    assert "unified-c-base-0" in names and "standard-a-muon-0" in names
+    _write_cells(tmp_path, {("standard", "a", 0): 5.0, ("standard", "b", 0): 4.8})
+    (tmp_path / "gone-a-base-0.json").write_text("{}")  # a cell since removed from params: ignored
+    cells = scaling.collect(tmp_path, ["standard-a-base-0", "standard-b-base-0"])
+    assert cells.height == 2
+    with pytest.raises(ValueError, match="standard-c-base-0.json: missing"):
+        scaling.collect(tmp_path, ["standard-c-base-0"])

@@ -18,10 +18,16 @@ CELL_KEYS = ("variant", "size", "recipe", "seed")
 IMPROVEMENTS = ("wd_in", "branch", "placement", "magdir")
 
 
-def collect(metrics_dir: Path) -> pl.DataFrame:
-    """One row per cell from metrics/pretrain/*.json (each written by the pretrain stage)."""
+def collect(metrics_dir: Path, cells: list[str] | None = None) -> pl.DataFrame:
+    """One row per cell from metrics/pretrain/<cell>.json (each written by the pretrain stage).
+
+    `cells` names the cells of the current grid: files left behind by cells since removed from params are ignored,
+    and a missing one is an error. None reads every file."""
+    paths = sorted(Path(metrics_dir).glob("*.json")) if cells is None else [Path(metrics_dir) / f"{c}.json" for c in cells]
     rows = []
-    for path in sorted(Path(metrics_dir).glob("*.json")):
+    for path in paths:
+        if not path.is_file():
+            raise ValueError(f"{path}: missing; run the pretrain stage of this cell first")
         m = json.loads(path.read_text())
         missing = [k for k in (*CELL_KEYS, "val_loss", "non_embedding_params", "flops") if k not in m]
         if missing:
@@ -30,6 +36,14 @@ def collect(metrics_dir: Path) -> pl.DataFrame:
     if not rows:
         raise ValueError(f"no pretraining metrics found in {metrics_dir}")
     return pl.DataFrame(rows)
+
+
+def grid_cells(grid) -> list[str]:
+    """The cell names of the pretrain matrices (params `pretrain.grid`): <variant>-<size>-<recipe>-<seed>."""
+    main = [f"{v}-{s}-base-{seed}" for v in grid.variants for s in grid.sizes for seed in grid.seeds]
+    extra = [f"{v}-{grid.recipe_size}-{r}-{seed}" for r in grid.recipes for v in grid.recipe_variants
+             for seed in grid.seeds]
+    return main + extra
 
 
 def summarize(cells: pl.DataFrame) -> pl.DataFrame:
