@@ -88,3 +88,27 @@ def test_bad_regex_is_a_params_error():
     raw["prepare"]["corpus"]["doc_split_regex"] = "^(SCENE"
     with pytest.raises(ParamsError, match=r"prepare\.corpus.*not a valid regex"):
         parse_params(raw)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_param_that_dvc_tracks_is_spelled_out(path, tmp_path):
+    """DVC reads params.yaml itself, without the schema's defaults: each key a stage depends on must be present."""
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(path.read_text())
+    raw = yaml.safe_load(path.read_text())
+    missing = []
+    with Repo(str(tmp_path), uninitialized=True) as repo:
+        for stage in repo.index.stages:
+            for dep in stage.deps:
+                if isinstance(dep, ParamsDependency):
+                    for key in dep.params:
+                        node = raw
+                        for part in key.split("."):
+                            node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
+                        if node is KeyError:
+                            missing.append(f"{stage.addressing}: {key}")
+    assert not missing, missing
