@@ -188,6 +188,16 @@ def test_power_iteration_finds_top_eigenvalue_of_least_squares():
     assert top_hessian_eigenvalue(lambda: 0.5 * ((a @ x - b) ** 2).mean(), [x], iters=1) < expected * 0.999
 
 
+def test_power_iteration_returns_the_largest_not_the_most_negative_eigenvalue():
+    """An indefinite Hessian (a saddle) whose largest-magnitude eigenvalue is negative: sharpness is λ_max."""
+    eigs = torch.tensor([-5.0, 2.0, 0.5], dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    h = q @ torch.diag(eigs) @ q.T
+    x = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    got = top_hessian_eigenvalue(lambda: 0.5 * x @ h @ x, [x], iters=60)
+    assert got == pytest.approx(2.0, rel=1e-4)
+
+
 def test_stale_checkpoint_is_moved_aside_not_resumed(tmp_path, shards):
     cell = Cell("standard", "a", "base", 0)
     old, new = parse_params(micro_raw(max_steps=10)), parse_params(micro_raw(max_steps=10, grad_clip=0.5))

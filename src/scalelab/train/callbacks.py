@@ -128,23 +128,32 @@ class GammaStats(Callback):
 
 def top_hessian_eigenvalue(loss_fn: Callable[[], torch.Tensor], params: list[torch.Tensor], iters: int,
                            seed: int = 0) -> float:
-    """Largest-magnitude eigenvalue of the Hessian of `loss_fn()` w.r.t. `params` (METHODS §A sharpness).
+    """Largest eigenvalue λ_max of the Hessian of `loss_fn()` w.r.t. `params` (METHODS §A sharpness).
 
-    Power iteration v ← Hv/‖Hv‖ on Hessian-vector products (double backward through one graph); returns the
-    Rayleigh quotient vᵀHv of the last unit vector. The start vector is drawn from `seed` (reproducible).
+    Power iteration v ← Hv/‖Hv‖ on Hessian-vector products (double backward through one graph) finds the eigenvalue
+    of largest magnitude. Away from a minimum that can be a negative one; then a second run on the shifted operator
+    H − λI (whose dominant eigenvalue is λ_max − λ ≥ 0) gives λ_max. The start vector comes from `seed`.
     """
-    gen = torch.Generator().manual_seed(seed)
-    v = [torch.randn(p.shape, generator=gen).to(p) for p in params]
     grads = torch.autograd.grad(loss_fn(), params, create_graph=True, allow_unused=True, materialize_grads=True)
-    eig = 0.0
-    for _ in range(iters):
-        norm = torch.sqrt(sum((u * u).sum() for u in v))
-        v = [u / norm for u in v]
-        hv = torch.autograd.grad(grads, params, grad_outputs=v, retain_graph=True, allow_unused=True,
-                                 materialize_grads=True)
-        eig = sum((h * u).sum() for h, u in zip(hv, v)).item()
-        v = [h.detach() for h in hv]
-    return eig
+
+    def hvp(v: list[torch.Tensor]) -> list[torch.Tensor]:
+        return list(torch.autograd.grad(grads, params, grad_outputs=v, retain_graph=True, allow_unused=True,
+                                        materialize_grads=True))
+
+    def power(shift: float) -> float:
+        gen = torch.Generator().manual_seed(seed)
+        v = [torch.randn(p.shape, generator=gen).to(p) for p in params]
+        eig = 0.0
+        for _ in range(iters):
+            norm = torch.sqrt(sum((u * u).sum() for u in v))
+            v = [u / norm for u in v]
+            hv = [h.detach() - shift * u for h, u in zip(hvp(v), v)]
+            eig = sum((h * u).sum() for h, u in zip(hv, v)).item()  # Rayleigh quotient of the unit vector
+            v = hv
+        return eig + shift
+
+    dominant = power(0.0)
+    return dominant if dominant >= 0 else power(dominant)
 
 
 class Sharpness(Callback):
