@@ -7,35 +7,25 @@ Outs: data/prepared/{train,val}.parquet (+ mlflow_run.json), metrics/prepare.jso
 import sys
 from pathlib import Path
 
-from scalelab.config import ParamsError, load_params
+from scalelab.config import Params
+from scalelab.stage import stage_main
 
 
-def main() -> int:
-    try:
-        params = load_params()
-    except ParamsError as err:
-        print(err, file=sys.stderr)
-        return 2
-
+def main(params: Params) -> None:
     from scalelab import tracking
-    from scalelab.data import DataError, atomic_dir, prepare_corpus, write_json_atomic, write_prepared
+    from scalelab.data import atomic_dir, prepare_corpus, write_json_atomic, write_prepared
 
     out = Path("data/prepared")
     deps = [params.prepare.corpus.path] if params.prepare.corpus.source == "local" else []
-    try:
-        with tracking.stage_run("prepare", params=params.prepare.model_dump(mode="json"),
-                                experiment=params.tracking.experiment, deps=deps) as run:
-            corpus = prepare_corpus(params.prepare)
-            with atomic_dir(out) as tmp:
-                write_prepared(corpus, tmp)
-            write_json_atomic("metrics/prepare.json", corpus.stats)
-            run.log_metrics(tracking.flatten(corpus.stats))
-            run.record(out)
-    except DataError as err:
-        print(f"prepare: {err}", file=sys.stderr)
-        return 1
-    return 0
+    with tracking.stage_run("prepare", params=params.prepare.model_dump(mode="json"),
+                            experiment=params.tracking.experiment, deps=deps) as run:
+        corpus = prepare_corpus(params.prepare)
+        with atomic_dir(out) as tmp:
+            write_prepared(corpus, tmp)
+        write_json_atomic("metrics/prepare.json", corpus.stats)
+        run.log_metrics(tracking.flatten(corpus.stats))
+        run.record(out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stage_main(main, name="prepare"))

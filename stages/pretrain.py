@@ -2,8 +2,8 @@
 
     python stages/pretrain.py --variant unified --size s --recipe base --seed 0
 
-Outs: data/pretrain/<cell>/{ckpt (persistent: a rerun resumes), model}, metrics/pretrain/<cell>.json,
-plots/pretrain/<cell>.csv.
+Outs: data/pretrain/<cell>/{ckpt (persistent: a rerun resumes), model (weights, curve.csv, gamma.csv)},
+metrics/pretrain/<cell>.json, plots/pretrain/<cell>.csv.
 """
 
 import argparse
@@ -11,7 +11,42 @@ import shutil
 import sys
 from pathlib import Path
 
-from scalelab.config import ParamsError, load_params
+from scalelab.config import Params, ParamsError
+from scalelab.stage import stage_main
+
+
+def train(params: Params, args: argparse.Namespace) -> None:
+    if args.recipe not in params.pretrain.recipes:
+        raise ParamsError(f"--recipe {args.recipe!r}: not in pretrain.recipes ({sorted(params.pretrain.recipes)})")
+    recipe = params.pretrain.recipes[args.recipe]
+    model = params.resolve_model(args.size, args.variant, vocab_size=1, moe=recipe.moe)  # names checked first
+
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from scalelab import tracking
+    from scalelab.data import write_json_atomic
+    from scalelab.train import Cell, config_hash, fit, resume_run_id
+
+    cell = Cell(variant=args.variant, size=args.size, recipe=args.recipe, seed=args.seed)
+    name = f"{cell.variant}-{cell.size}-{cell.recipe}-{cell.seed}"
+    stage = (f"pretrain@{cell.variant}-{cell.size}-{cell.seed}" if cell.recipe == "base"
+             else f"pretrain_recipe@{cell.recipe}-{cell.variant}-{cell.seed}")
+    out_dir, shards = Path("data/pretrain") / name, Path("data/tokens")
+    identity = {"variant": cell.variant, "size": cell.size, "recipe": cell.recipe, "seed": cell.seed}
+    logged = {"cell": identity, "model": model.model_dump(mode="json", exclude={"vocab_size"}),
+              "recipe": recipe.model_dump(mode="json"),
+              "optim": params.optim[recipe.optimizer].model_dump(mode="json"),
+              "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes"})}
+    run_id = resume_run_id(out_dir, config_hash(params, cell, shards))
+    with tracking.stage_run(stage, params=logged, experiment=params.tracking.experiment,
+                            deps=[str(shards / "meta.json")], run_id=run_id) as run:
+        metrics = fit(params, cell, out_dir, shards, run)
+        run.record(out_dir / "model")
+    if rank_zero_only.rank == 0:  # under DDP, Lightning re-runs this script on every rank
+        write_json_atomic(Path("metrics/pretrain") / f"{name}.json",
+                          {**identity, **metrics, "mlflow_run_id": run.run_id})
+        Path("plots/pretrain").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out_dir / "model" / "curve.csv", Path("plots/pretrain") / f"{name}.csv")
 
 
 def main() -> int:
@@ -21,45 +56,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--params", default="params.yaml")
     args = ap.parse_args()
-    try:
-        params = load_params(args.params)
-        if args.recipe not in params.pretrain.recipes:
-            raise ParamsError(f"--recipe {args.recipe!r}: not in pretrain.recipes ({sorted(params.pretrain.recipes)})")
-        params.resolve_model(args.size, args.variant, vocab_size=1)  # names checked before any compute
-    except ParamsError as err:
-        print(err, file=sys.stderr)
-        return 2
-
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from scalelab import tracking
-    from scalelab.data.shards import write_json_atomic
-    from scalelab.train import Cell, config_hash, fit, resume_run_id
-
-    cell = Cell(variant=args.variant, size=args.size, recipe=args.recipe, seed=args.seed)
-    name = f"{cell.variant}-{cell.size}-{cell.recipe}-{cell.seed}"
-    stage = (f"pretrain@{cell.variant}-{cell.size}-{cell.seed}" if cell.recipe == "base"
-             else f"pretrain_recipe@{cell.recipe}-{cell.variant}-{cell.seed}")
-    out_dir, shards = Path("data/pretrain") / name, Path("data/tokens")
-    logged = {
-        "cell": {"variant": cell.variant, "size": cell.size, "recipe": cell.recipe, "seed": cell.seed},
-        "model": params.resolve_model(cell.size, cell.variant, vocab_size=1,
-                                      moe=params.pretrain.recipes[cell.recipe].moe).model_dump(mode="json"),
-        "recipe": params.pretrain.recipes[cell.recipe].model_dump(mode="json"),
-        "optim": params.optim[params.pretrain.recipes[cell.recipe].optimizer].model_dump(mode="json"),
-        "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes"}),
-    }
-    run_id = resume_run_id(out_dir, config_hash(params, cell, shards))
-    with tracking.stage_run(stage, params=logged, experiment=params.tracking.experiment,
-                            deps=[str(shards / "meta.json")], run_id=run_id) as run:
-        metrics = fit(params, cell, out_dir, shards, run)
-        metrics = {**logged["cell"], **metrics}
-        run.record(out_dir / "model")
-    if rank_zero_only.rank == 0:  # under DDP, Lightning re-runs this script on every rank
-        write_json_atomic(Path("metrics/pretrain") / f"{name}.json", {**metrics, "mlflow_run_id": run.run_id})
-        Path("plots/pretrain").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out_dir / "model" / "curve.csv", Path("plots/pretrain") / f"{name}.csv")
-    return 0
+    return stage_main(lambda params: train(params, args), args.params, name="pretrain")
 
 
 if __name__ == "__main__":

@@ -11,43 +11,33 @@ import sys
 import time
 from pathlib import Path
 
-from scalelab.config import ParamsError, load_params
+from scalelab.config import Params
+from scalelab.stage import stage_main
 
 
-def main() -> int:
-    try:
-        params = load_params()
-    except ParamsError as err:
-        print(err, file=sys.stderr)
-        return 2
-
+def main(params: Params) -> None:
     from scalelab import tracking
-    from scalelab.data import (DataError, atomic_dir, eot_id, file_sha256, load_tokenizer, read_prepared,
+    from scalelab.data import (atomic_dir, eot_id, file_sha256, load_tokenizer, read_prepared,
                                tokenize_splits, write_json_atomic)
 
     prepared, tok_path, out = Path("data/prepared"), Path("data/tokenizer/tokenizer.json"), Path("data/tokens")
-    try:
-        logged = {**params.tokenize.model_dump(mode="json"), "eot_token": params.tokenizer.eot_token}
-        with tracking.stage_run("tokenize", params=logged,
-                                experiment=params.tracking.experiment, deps=[str(prepared), str(tok_path)]) as run:
-            tok = load_tokenizer(tok_path)
-            splits = {name: read_prepared(prepared, name) for name in ("train", "val")}
-            start = time.perf_counter()
-            with atomic_dir(out) as tmp:
-                meta = tokenize_splits(tok, splits, tmp, eot_id=eot_id(tok, params.tokenizer.eot_token),
-                                       batch_size=params.tokenize.batch_size, tokenizer_sha256=file_sha256(tok_path))
-            seconds = time.perf_counter() - start
-            n_bytes = sum(len(t.encode()) for texts in splits.values() for t in texts)
-            metrics = {**{name: {"tokens": s["tokens"], "bytes": s["bytes"]} for name, s in meta["shards"].items()},
-                       "seconds": round(seconds, 3), "text_mb_per_s": round(n_bytes / 1e6 / seconds, 3)}
-            write_json_atomic("metrics/tokenize.json", metrics)
-            run.log_metrics(tracking.flatten(metrics))
-            run.record(out)
-    except DataError as err:
-        print(f"tokenize: {err}", file=sys.stderr)
-        return 1
-    return 0
+    logged = {**params.tokenize.model_dump(mode="json"), "eot_token": params.tokenizer.eot_token}
+    with tracking.stage_run("tokenize", params=logged,
+                            experiment=params.tracking.experiment, deps=[str(prepared), str(tok_path)]) as run:
+        tok = load_tokenizer(tok_path)
+        splits = {name: read_prepared(prepared, name) for name in ("train", "val")}
+        start = time.perf_counter()
+        with atomic_dir(out) as tmp:
+            meta = tokenize_splits(tok, splits, tmp, eot_id=eot_id(tok, params.tokenizer.eot_token),
+                                   batch_size=params.tokenize.batch_size, tokenizer_sha256=file_sha256(tok_path))
+        seconds = time.perf_counter() - start
+        n_bytes = sum(len(t.encode()) for texts in splits.values() for t in texts)
+        metrics = {**{name: {"tokens": s["tokens"], "bytes": s["bytes"]} for name, s in meta["shards"].items()},
+                   "seconds": round(seconds, 3), "text_mb_per_s": round(n_bytes / 1e6 / seconds, 3)}
+        write_json_atomic("metrics/tokenize.json", metrics)
+        run.log_metrics(tracking.flatten(metrics))
+        run.record(out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stage_main(main, name="tokenize"))

@@ -8,42 +8,32 @@ import sys
 import time
 from pathlib import Path
 
-from scalelab.config import ParamsError, load_params
+from scalelab.config import Params
+from scalelab.stage import stage_main
 
 
-def main() -> int:
-    try:
-        params = load_params()
-    except ParamsError as err:
-        print(err, file=sys.stderr)
-        return 2
-
+def main(params: Params) -> None:
     from scalelab import tracking
-    from scalelab.data import (DataError, atomic_dir, build_tokenizer, bytes_per_token, eot_id, read_prepared,
+    from scalelab.data import (atomic_dir, build_tokenizer, bytes_per_token, eot_id, read_prepared,
                                write_json_atomic)
 
     cfg, prepared, out = params.tokenizer, Path("data/prepared"), Path("data/tokenizer")
     deps = [str(prepared / "train.parquet"), str(prepared / "val.parquet"), *([cfg.path] if cfg.kind == "file" else [])]
-    try:
-        with tracking.stage_run("tokenizer", params=cfg.model_dump(mode="json"),
-                                experiment=params.tracking.experiment, deps=deps) as run:
-            train = read_prepared(prepared, "train")
-            start = time.perf_counter()
-            tok = build_tokenizer(cfg, train)
-            seconds = time.perf_counter() - start
-            with atomic_dir(out) as tmp:
-                tok.save(str(tmp / "tokenizer.json"))
-            metrics = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "eot_id": eot_id(tok, cfg.eot_token),
-                       "train_seconds": round(seconds, 3),
-                       "val_bytes_per_token": round(bytes_per_token(tok, read_prepared(prepared, "val")), 4)}
-            write_json_atomic("metrics/tokenizer.json", metrics)
-            run.log_metrics(tracking.flatten(metrics))
-            run.record(out)
-    except DataError as err:
-        print(f"tokenizer: {err}", file=sys.stderr)
-        return 1
-    return 0
+    with tracking.stage_run("tokenizer", params=cfg.model_dump(mode="json"),
+                            experiment=params.tracking.experiment, deps=deps) as run:
+        train = read_prepared(prepared, "train")
+        start = time.perf_counter()
+        tok = build_tokenizer(cfg, train)
+        seconds = time.perf_counter() - start
+        with atomic_dir(out) as tmp:
+            tok.save(str(tmp / "tokenizer.json"))
+        metrics = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "eot_id": eot_id(tok, cfg.eot_token),
+                   "train_seconds": round(seconds, 3),
+                   "val_bytes_per_token": round(bytes_per_token(tok, read_prepared(prepared, "val")), 4)}
+        write_json_atomic("metrics/tokenizer.json", metrics)
+        run.log_metrics(tracking.flatten(metrics))
+        run.record(out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stage_main(main, name="tokenizer"))
