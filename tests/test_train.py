@@ -228,3 +228,15 @@ def test_unsupported_options_fail_before_compute(tmp_path, shards):
 def test_peak_flops_measures_a_matmul_rate():
     fp32 = peak_flops(torch.float32, seconds=0.05)
     assert 1e9 < fp32 < 1e13  # 2 CPU cores: ~2e11
+
+
+def test_a_completed_run_is_not_resumed_when_its_cell_reruns(tmp_path, shards):
+    """DVC reruns a finished cell only when its code or inputs changed: that rerun trains, its old checkpoint kept."""
+    params, cell = parse_params(micro_raw(max_steps=10)), Cell("standard", "a", "base", 0)
+    first = fit(params, cell, tmp_path, shards)
+    chash = config_hash(params, cell, shards)
+    assert json.loads((tmp_path / "ckpt/run.json").read_text())["complete"] is True
+    assert resume_run_id(tmp_path, chash) is None
+    again = fit(params, cell, tmp_path, shards)
+    assert again["val_loss"] == first["val_loss"] and again["steps"] == 10  # retrained (deterministic), not resumed
+    assert (tmp_path / "ckpt" / f"stale-{chash}" / "last.ckpt").is_file()

@@ -6,9 +6,11 @@ r"""Train one cell (variant × size × recipe × seed) with Lightning, resuming 
 (The untracked entry point: the DDP launcher re-executes this command line for ranks > 0. The pretrain stage calls
 `fit` with an MLflow run.)
 
-Resume: `out_dir/ckpt/run.json` holds {"run_id", "config_hash"}. A `last.ckpt` written under the same config hash
-is resumed (the stage reopens the same MLflow run through `resume_run_id`); one from another config is never resumed
-nor deleted: it moves to `out_dir/ckpt/stale-<its hash>/` and training starts fresh.
+Resume: `out_dir/ckpt/run.json` holds {"run_id", "config_hash", "complete"}. The `last.ckpt` of an interrupted run
+under the same config hash is resumed (the stage reopens the same MLflow run through `resume_run_id`). Any other
+checkpoint, from another config or from a run that completed (DVC reruns a finished cell only when its code or
+inputs changed, so its checkpoint must not stand in for the new run), is never resumed nor deleted: it moves to
+`out_dir/ckpt/stale-<its hash>/` and training starts fresh.
 """
 
 from __future__ import annotations
@@ -83,11 +85,12 @@ def config_hash(params: Params, cell: Cell, shards_dir: str | Path) -> str:
 
 
 def _resumable(ckpt_dir: Path, chash: str) -> tuple[Path | None, dict]:
-    """(last.ckpt if it was written under config hash `chash`, else None; the stored run.json)."""
+    """(last.ckpt of an interrupted run under config hash `chash`, else None; the stored run.json)."""
     path = ckpt_dir / "run.json"
     stored = json.loads(path.read_text()) if path.is_file() else {}
     last = ckpt_dir / "last.ckpt"
-    return (last if last.is_file() and stored.get("config_hash") == chash else None), stored
+    ok = last.is_file() and stored.get("config_hash") == chash and not stored.get("complete")
+    return (last if ok else None), stored
 
 
 def resume_run_id(out_dir: str | Path, config_hash: str) -> str | None:
@@ -224,6 +227,8 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
             curve.write_csv(tmp / "curve.csv")
             gamma.write_csv(tmp / "gamma.csv")
             write_json_atomic(tmp / "metrics.json", metrics)
+        run_json = out_dir / "ckpt" / "run.json"
+        write_json_atomic(run_json, {**json.loads(run_json.read_text()), "complete": True})
     trainer.strategy.barrier("fit outputs")  # every rank returns once rank 0's files exist
     return metrics
 
