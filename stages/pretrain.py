@@ -7,6 +7,7 @@ metrics/pretrain/<cell>.json, plots/pretrain/<cell>.csv.
 """
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -45,8 +46,10 @@ def train(params: Params, args: argparse.Namespace) -> None:
     if rank_zero_only.rank == 0:  # under DDP, Lightning re-runs this script on every rank
         write_json_atomic(Path("metrics/pretrain") / f"{name}.json",
                           {**identity, **metrics, "mlflow_run_id": run.run_id})
-        Path("plots/pretrain").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out_dir / "model" / "curve.csv", Path("plots/pretrain") / f"{name}.csv")
+        plot = Path("plots/pretrain") / f"{name}.csv"
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out_dir / "model" / "curve.csv", plot.with_suffix(".tmp"))
+        os.replace(plot.with_suffix(".tmp"), plot)  # atomic: a crash never leaves half a curve
 
 
 def main() -> int:

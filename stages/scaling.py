@@ -4,6 +4,7 @@ Outs: data/scaling/{cells.csv, summary.csv, fits.csv, scaling.png, mlflow_run.js
 plots/scaling.csv.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -33,7 +34,8 @@ def main(params: Params) -> None:
             scaling.plot(summary, fits, tmp / "scaling.png")
         Path("plots").mkdir(exist_ok=True)
         base.select("variant", "size", "params", "non_embedding_params", "val_loss", "val_loss_std").write_csv(
-            "plots/scaling.csv")
+            "plots/scaling.csv.tmp")
+        os.replace("plots/scaling.csv.tmp", "plots/scaling.csv")  # atomic
         # The scaling curves with the parameter count as the step; the plot in the pipeline's parent run too.
         for row in base.iter_rows(named=True):
             run.log_metrics({f"scaling.{row['variant']}.val_loss": row["val_loss"]}, step=row["non_embedding_params"])

@@ -77,3 +77,25 @@ def test_apply_lr_scales_each_group_base_lr():
     apply_lr(opts, 0.5)
     lrs = {g["name"]: g["lr"] for o in opts for g in o.param_groups}
     assert lrs["matrix"] == pytest.approx(1e-3) and lrs["embedding"] == pytest.approx(5e-4)
+
+
+def test_scales_get_adamw_under_any_optimizer():
+    model = Toy()
+    groups = _groups(build_optimizers(model, OptimizerConfig(name="sgd", lr=0.1, adamw_lr=1e-3), ScaleConfig()))
+    assert groups["matrix"][0] == groups["embedding"][0] == "SGD"
+    assert groups["input_scale"][0] == groups["output_scale"][0] == "AdamW"
+    assert groups["input_scale"][1]["base_lr"] == 1e-3
+
+
+def test_magdir_decays_the_magnitude_not_the_direction(micro_params):
+    from scalelab.model import Transformer
+
+    params = micro_params
+    model = Transformer(params.resolve_model("a", "unified", vocab_size=64))
+    groups = _groups(build_optimizers(model, params.optim["adamw"], model.cfg.scale))
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert groups["input_scale"][1]["weight_decay"] == 0.1  # unified: decay on input scales (their g)
+    assert all(names[id(p)].endswith(".g") for p in groups["input_scale"][1]["params"])
+    assert groups["input_scale_direction"][1]["weight_decay"] == 0.0
+    assert all(names[id(p)].endswith(".v") for p in groups["input_scale_direction"][1]["params"])
+    assert groups["output_scale_direction"][1]["weight_decay"] == 0.0

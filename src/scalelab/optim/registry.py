@@ -53,8 +53,15 @@ def register(name: str, spec: OptimizerSpec) -> None:
     OPTIMIZERS[name] = spec
 
 
+SCALE_KINDS = ("input_scale", "output_scale")
+
+
 def param_groups(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> dict[str, dict]:
-    """Named groups {kind: {"params", "weight_decay", "name"}}; empty kinds are left out."""
+    """Named groups {name: {"params", "weight_decay", "name"}}; empty ones are left out.
+
+    Under magdir (γ = g·v/‖v‖) decay applies to the magnitude g only: γ does not change when v is scaled, so decaying
+    v would not pull γ toward 0, it would only shrink ‖v‖ and so raise the effective step on the direction. The
+    direction vectors get their own undecayed groups ("<kind>_direction")."""
     decay = {
         "matrix": cfg.weight_decay,
         "embedding": cfg.weight_decay,
@@ -68,33 +75,37 @@ def param_groups(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> 
         kind = model.param_kind(name)
         if kind not in decay:
             raise ValueError(f"parameter {name!r} has unknown kind {kind!r}; expected one of {sorted(decay)}")
-        groups.setdefault(kind, {"name": kind, "params": [], "weight_decay": decay[kind]})["params"].append(p)
+        group, wd = kind, decay[kind]
+        if kind in SCALE_KINDS and name.endswith(".v"):  # scalelab.model.norm.Scale's magdir direction
+            group, wd = f"{kind}_direction", 0.0
+        groups.setdefault(group, {"name": group, "params": [], "weight_decay": wd})["params"].append(p)
     return groups
 
 
 def build_optimizers(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> list[torch.optim.Optimizer]:
-    """One optimizer, or a matrix optimizer plus AdamW for the rest. Each group carries `name` and `base_lr`."""
+    """The optimizer of `cfg` over its parameters, plus AdamW for the rest. Each group carries `name` and `base_lr`.
+
+    Scale vectors always get AdamW (METHODS §A), whatever the matrices get; a matrix optimizer (Muon) takes only
+    the hidden 2-D matrices, so embeddings, LM head and router go to AdamW too (METHODS §B: documented grouping)."""
     if cfg.name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {cfg.name!r}; registered: {sorted(OPTIMIZERS)}")
     spec = OPTIMIZERS[cfg.name]
     groups = param_groups(model, cfg, scale)
-    side_lr = cfg.adamw_lr or cfg.lr
-    if not spec.matrices_only:
-        main = list(groups.values())
-        for g in main:
+    if spec.factory is _adamw:  # one optimizer for everything
+        for g in groups.values():
             g["base_lr"] = g["lr"] = cfg.lr
-        return [spec.factory(main, cfg)]
-    matrices = groups.pop("matrix", None)
-    if matrices is not None and any(p.ndim != 2 for p in matrices["params"]):
+        return [_adamw(list(groups.values()), cfg)]
+    mine = ("matrix",) if spec.matrices_only else ("matrix", "embedding")
+    main = [groups.pop(k) for k in mine if k in groups]
+    if spec.matrices_only and any(p.ndim != 2 for g in main for p in g["params"]):
         raise ValueError(f"{cfg.name} takes 2-D matrices only; the model reported a non-2-D 'matrix' parameter")
-    rest = list(groups.values())
-    for g in rest:
+    side_lr = cfg.adamw_lr or cfg.lr
+    for g in main:
+        g["base_lr"] = g["lr"] = cfg.lr
+    for g in groups.values():
         g["base_lr"] = g["lr"] = side_lr
-    optimizers = []
-    if matrices is not None:
-        matrices["base_lr"] = matrices["lr"] = cfg.lr
-        optimizers.append(spec.factory([matrices], cfg))
-    if rest:
+    optimizers = [spec.factory(main, cfg)] if main else []
+    if groups:
         side = OptimizerConfig(name="adamw", lr=side_lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps)
-        optimizers.append(_adamw(rest, side))
+        optimizers.append(_adamw(list(groups.values()), side))
     return optimizers

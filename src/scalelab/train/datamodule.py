@@ -43,7 +43,7 @@ class TokenDataModule(L.LightningDataModule):
         super().__init__()
         self.shards, self.cfg, self.seed = shards, cfg, seed
         self._val = val_batches(shards.val, seq_len=cfg.seq_len, val_tokens=cfg.val_tokens,
-                                batch_size=cfg.batch_size // cfg.accumulate)  # micro-batch memory
+                                batch_size=cfg.batch_size // (cfg.accumulate * cfg.devices * cfg.num_nodes))  # a micro-batch
 
     def train_dataloader(self) -> DataLoader:
         # Called after Lightning restored the checkpoint, so the module's step is the first step still to train.

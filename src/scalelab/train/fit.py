@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import resource
 import statistics
 import sys
@@ -80,8 +81,21 @@ def config_hash(params: Params, cell: Cell, shards_dir: str | Path) -> str:
         "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes"}),
         "seed": cell.seed,
         "data": data,
+        "code": _code_digest(),
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _code_digest() -> str:
+    """sha256 of the training code (schema, loader, model, optim, train): an interrupted run resumes only under the
+    code that started it, never mixing two versions in one result."""
+    pkg = Path(__file__).resolve().parents[1]
+    files = [pkg / "config.py", pkg / "data" / "loader.py",
+             *sorted(f for d in ("model", "optim", "train") for f in (pkg / d).glob("*.py"))]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _resumable(ckpt_dir: Path, chash: str) -> tuple[Path | None, dict]:
@@ -122,7 +136,7 @@ def _claim_ckpt_dir(ckpt_dir: Path, chash: str, run_id: str | None) -> Path | No
 
 def _device(accelerator: str) -> torch.device:
     if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))  # this rank's GPU, before Lightning's setup
     return torch.device("cpu")
 
 

@@ -30,6 +30,7 @@ class LitLM(L.LightningModule):
         self.model = model
         self.optimizer_cfg, self.scale_cfg, self.schedule = optimizer, scale, schedule
         self.total_steps, self.accumulate, self.grad_clip = total_steps, accumulate, grad_clip
+        self.aux_coef = model.cfg.moe.aux_loss_coef if model.cfg.moe is not None else 0.0
         self.step = 0  # optimizer steps completed (restored from checkpoints)
         self.step_metrics: dict[str, float] = {}  # this step's metrics; callbacks add theirs, MetricsFile logs them
 
@@ -47,7 +48,8 @@ class LitLM(L.LightningModule):
             with no_sync() if i < self.accumulate - 1 else contextlib.nullcontext():
                 out = self.model(xm, ym)
                 self.manual_backward(out.loss / self.accumulate)
-            loss = loss + out.loss.detach() / self.accumulate
+            ce = out.loss.detach() - (self.aux_coef * out.aux_loss.detach() if self.aux_coef else 0)  # log CE alone
+            loss = loss + ce / self.accumulate
             aux = aux + out.aux_loss.detach() / self.accumulate
         # Mean over ranks, so every rank sees the same (possibly non-finite) loss and NonFiniteGuard acts everywhere.
         loss, aux = self.trainer.strategy.reduce(torch.stack([loss, aux]), reduce_op="mean")
