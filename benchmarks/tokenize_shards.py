@@ -18,7 +18,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from tokenizers import Tokenizer
 

@@ -1,7 +1,6 @@
 """scalelab.tracking: parent/child runs, tags, params, resume, and tracking failures that never stop a stage."""
 
 import json
-import os
 import shutil
 import tempfile
 import time
