@@ -90,8 +90,8 @@ def _code_digest() -> str:
     """sha256 of the training code (schema, loader, model, optim, train): an interrupted run resumes only under the
     code that started it, never mixing two versions in one result."""
     pkg = Path(__file__).resolve().parents[1]
-    files = [pkg / "config.py", pkg / "data" / "loader.py",
-             *sorted(f for d in ("model", "optim", "train") for f in (pkg / d).glob("*.py"))]
+    files = [pkg / "data" / "loader.py",
+             *sorted(f for d in ("config", "model", "optim", "train") for f in (pkg / d).glob("*.py"))]
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.read_bytes())

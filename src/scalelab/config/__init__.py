@@ -1,0 +1,20 @@
+"""Typed schema of params.yaml: the one source of truth for every stage, one module per section.
+
+Every section forbids unknown keys, so a typo fails at load time with the key path named, before any compute.
+Stages call `load_params()` first thing and write nothing when it raises.
+"""
+
+from scalelab.config.base import Fraction, NonNegFloat, NonNegInt, ParamsError, PosFloat, PosInt, Strict
+from scalelab.config.data import CorpusConfig, PrepareConfig, TokenizeConfig, TokenizerConfig
+from scalelab.config.model import ArchConfig, ModelConfig, MoEConfig, ScaleConfig, SizeConfig
+from scalelab.config.optim import OptimizerConfig, ScheduleConfig
+from scalelab.config.params import Params, TrackingConfig, load_params, parse_params
+from scalelab.config.source import CELL_EXPORT, ModelSource
+from scalelab.config.pretrain import GridConfig, PretrainConfig, RecipeConfig, ScalingConfig, SharpnessConfig
+
+__all__ = [
+    "ArchConfig", "CELL_EXPORT", "CorpusConfig", "Fraction", "GridConfig", "ModelConfig", "ModelSource", "MoEConfig", "NonNegFloat", "NonNegInt",
+    "OptimizerConfig", "Params", "ParamsError", "PosFloat", "PosInt", "PrepareConfig", "PretrainConfig",
+    "RecipeConfig", "ScaleConfig", "ScalingConfig", "ScheduleConfig", "SharpnessConfig", "SizeConfig", "Strict",
+    "TokenizeConfig", "TokenizerConfig", "TrackingConfig", "load_params", "parse_params",
+]

@@ -1,0 +1,95 @@
+"""The whole params file: its sections, cross-checks between them, and loading with one-line errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError, model_validator
+
+from scalelab.config.base import NonNegInt, ParamsError, Strict
+from scalelab.config.data import PrepareConfig, TokenizeConfig, TokenizerConfig
+from scalelab.config.model import ArchConfig, ModelConfig
+from scalelab.config.optim import OptimizerConfig
+from scalelab.config.pretrain import PretrainConfig, ScalingConfig
+
+
+class TrackingConfig(Strict):
+    experiment: str = "scalelab"
+
+
+class Params(Strict):
+    seed: NonNegInt = 0
+    tracking: TrackingConfig = TrackingConfig()
+    prepare: PrepareConfig = PrepareConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    tokenize: TokenizeConfig = TokenizeConfig()
+    model: ArchConfig
+    optim: dict[str, OptimizerConfig]
+    pretrain: PretrainConfig
+    scaling: ScalingConfig = ScalingConfig()
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> "Params":
+        g = self.pretrain.grid
+        for name in [*g.variants, *g.recipe_variants]:
+            if name not in self.model.variants:
+                raise ValueError(f"pretrain.grid: unknown variant {name!r}; known: {sorted(self.model.variants)}")
+        for name in [*g.sizes, *([g.recipe_size] if g.recipe_size else [])]:
+            if name not in self.model.sizes:
+                raise ValueError(f"pretrain.grid: unknown size {name!r}; known: {sorted(self.model.sizes)}")
+        for rname, r in self.pretrain.recipes.items():
+            if r.optimizer not in self.optim:
+                raise ValueError(
+                    f"pretrain.recipes.{rname}.optimizer: unknown {r.optimizer!r}; known: {sorted(self.optim)}"
+                )
+        return self
+
+    def resolve_model(self, size: str, variant: str, vocab_size: int, moe: bool = False) -> ModelConfig:
+        """Resolve the model of one matrix cell."""
+        arch = self.model
+        if size not in arch.sizes:
+            raise ParamsError(f"model.sizes: unknown size {size!r}; known: {sorted(arch.sizes)}")
+        if variant not in arch.variants:
+            raise ParamsError(f"model.variants: unknown variant {variant!r}; known: {sorted(arch.variants)}")
+        shared = arch.model_dump(exclude={"sizes", "variants", "moe"})
+        return ModelConfig(
+            vocab_size=vocab_size,
+            max_seq_len=self.pretrain.seq_len,
+            scale=arch.variants[variant],
+            moe=arch.moe if moe else None,
+            **shared,
+            **arch.sizes[size].model_dump(),
+        )
+
+
+def _format(err: ValidationError, source: str) -> str:
+    lines = [f"invalid params in {source}:"]
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {path}: unknown key (typo?); allowed keys are the fields of its section")
+        else:
+            lines.append(f"  {path}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_params(raw: dict[str, Any], source: str = "<dict>") -> Params:
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as err:
+        raise ParamsError(_format(err, source)) from None
+
+
+def load_params(path: str | os.PathLike | None = None) -> Params:
+    """Load and validate a params file (default: params.yaml in the working directory)."""
+    path = Path(path or "params.yaml")
+    if not path.is_file():
+        raise ParamsError(f"params file not found: {path}")
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: top level must be a mapping")
+    return parse_params(raw, str(path))

@@ -1,0 +1,83 @@
+"""params sections `pretrain` (recipes, grid, trainer settings) and `scaling` (METHODS §A study)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from scalelab.config.base import NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
+from scalelab.config.optim import ScheduleConfig
+
+class RecipeConfig(Strict):
+    optimizer: str = "adamw"  # key of params `optim`
+    schedule: ScheduleConfig = ScheduleConfig()
+    moe: bool = False
+
+
+class SharpnessConfig(Strict):
+    enabled: bool = True
+    iters: PosInt = 10  # power iterations on Hessian-vector products
+    batch_size: PosInt = 8
+
+
+class GridConfig(Strict):
+    """The matrix axes that dvc.yaml expands; short names whose details live elsewhere in params."""
+
+    variants: list[str]
+    sizes: list[str]
+    seeds: list[NonNegInt]
+    recipes: list[str] = []
+    recipe_variants: list[str] = []
+    recipe_size: str | None = None
+
+
+class PretrainConfig(Strict):
+    seq_len: PosInt = 128
+    batch_size: PosInt = 16  # global batch in sequences (per step, across devices and accumulation)
+    max_steps: PosInt | None = 200
+    max_tokens: PosInt | None = None  # alternative budget; steps = tokens // (batch_size·seq_len)
+    val_every: PosInt = 100
+    val_tokens: PosInt = 32768
+    ckpt_every: PosInt = 100
+    # No fp16: the manual-optimization loop clips and checks unscaled gradients, so it has no GradScaler.
+    precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true"
+    grad_clip: NonNegFloat = 1.0
+    accumulate: PosInt = 1
+    accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "cpu"
+    devices: PosInt = 1
+    # ddp (torchrun/SLURM or Lightning's launcher). Not fsdp yet: clipping and Muon need whole gradients/matrices.
+    # Not ddp_spawn: spawned ranks lose the callbacks' state.
+    strategy: Literal["auto", "ddp"] = "auto"
+    num_nodes: PosInt = 1
+    compile: bool = False
+    threads: NonNegInt = 0  # torch intra-op threads on CPU; 0 leaves torch's default
+    peak_flops: PosFloat | None = None  # per device; None: measured with a matmul at start
+    gamma_every: PosInt = 50
+    sharpness: SharpnessConfig = SharpnessConfig()
+    recipes: dict[str, RecipeConfig]
+    grid: GridConfig
+
+    @model_validator(mode="after")
+    def _check(self) -> "PretrainConfig":
+        if (self.max_steps is None) == (self.max_tokens is None):
+            raise ValueError("set exactly one of pretrain.max_steps and pretrain.max_tokens")
+        world = self.devices * self.num_nodes
+        if self.batch_size % (self.accumulate * world):
+            raise ValueError(f"pretrain.batch_size ({self.batch_size}) must split evenly into accumulate "
+                             f"({self.accumulate}) micro-batches on each of {world} devices")
+        if "base" not in self.recipes:
+            raise ValueError("pretrain.recipes needs a 'base' recipe (the main grid's)")
+        for r in self.grid.recipes:
+            if r not in self.recipes:
+                raise ValueError(f"pretrain.grid.recipes: unknown recipe {r!r}; known: {sorted(self.recipes)}")
+        return self
+
+    def total_steps(self) -> int:
+        if self.max_steps is not None:
+            return self.max_steps
+        return max(1, self.max_tokens // (self.batch_size * self.seq_len))
+
+
+class ScalingConfig(Strict):
+    min_sizes: Annotated[int, Field(ge=3)] = 3  # L(N) = E + A·N^-α has three parameters

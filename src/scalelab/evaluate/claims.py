@@ -1,0 +1,96 @@
+"""The claims ledger (DESIGN "Claims ledger"): each paper claim, its measured effect, spread over seeds, verdict.
+
+Every method's summary stage builds its entries with `claim()` and writes `metrics/claims_<a|b|c|d>.json` with
+`write_claims()`; the report only gathers those files. No verdict is ever typed in: it follows from the effects by
+the rule below, stated in each entry.
+
+Rule (paired by seed): `diffs` are per-seed differences oriented so that a positive value is the claim's direction
+(e.g. loss(standard) − loss(unified) for "unified is better"). With n ≥ 2 seeds, a two-sided Student-t interval at
+`level` on the mean difference: above 0 → reproduced, below 0 → contradicted, straddling 0 → inconclusive. One seed
+gives no spread, so it is "inconclusive (1 seed)" whatever its sign.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+FIELDS = ("id", "claim", "metric", "effect", "spread", "n_seeds", "verdict", "rule", "published")
+
+
+def t_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """(mean, low, high) of the two-sided Student-t interval of the mean; None with fewer than 2 values."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    from scipy.stats import t
+
+    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    half = t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def verdict(diffs: Sequence[float], level: float = 0.95) -> str:
+    """reproduced / contradicted / inconclusive by the module's rule (positive diffs = the claim's direction)."""
+    diffs = [float(d) for d in diffs if d is not None and math.isfinite(d)]
+    if not diffs:
+        return f"{INCONCLUSIVE} (no data)"
+    interval = t_interval(diffs, level)
+    if interval is None:
+        return f"{INCONCLUSIVE} (1 seed)"
+    _, low, high = interval
+    return REPRODUCED if low > 0 else CONTRADICTED if high < 0 else INCONCLUSIVE
+
+
+def rule_text(level: float = 0.95) -> str:
+    return (f"paired by seed; {level:.0%} t interval of the mean difference (claim direction positive): "
+            "above 0 reproduced, below 0 contradicted, else inconclusive; 1 seed inconclusive")
+
+
+def claim(id: str, text: str, metric: str, diffs: Sequence[float], published: str, level: float = 0.95) -> dict:
+    """One ledger entry. `effect` is the mean paired difference, `spread` the half-width of its t interval
+    (None for one seed: a single seed has no spread, it is never reported as 0)."""
+    clean = [float(d) for d in diffs if d is not None and math.isfinite(d)]
+    interval = t_interval(clean, level)
+    effect = statistics.fmean(clean) if clean else None
+    spread = (interval[2] - interval[0]) if interval else None
+    return {"id": id, "claim": text, "metric": metric, "effect": effect, "spread": spread, "n_seeds": len(clean),
+            "verdict": verdict(clean, level), "rule": rule_text(level), "published": published}
+
+
+def write_claims(path: str | os.PathLike, entries: Sequence[dict]) -> None:
+    """Write a claims file atomically after checking every entry has exactly the ledger's fields."""
+    for e in entries:
+        if tuple(e) != FIELDS:
+            raise ValueError(f"claim {e.get('id')!r}: fields {tuple(e)} differ from the ledger's {FIELDS}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(list(entries), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_claims(path: str | os.PathLike) -> list[dict]:
+    entries = json.loads(Path(path).read_text())
+    for e in entries:
+        if set(e) != set(FIELDS):
+            raise ValueError(f"{path}: claim {e.get('id')!r} has fields {sorted(e)}, expected {list(FIELDS)}")
+    return entries
+
+
+def markdown(entries: Sequence[dict]) -> str:
+    """The ledger as a markdown table (effect ± spread, seeds, verdict, the published number)."""
+    def num(x: float | None) -> str:
+        return "–" if x is None else f"{x:+.4f}"
+
+    rows = ["| claim | metric | effect ± spread | seeds | verdict | published |", "|---|---|---|---|---|---|"]
+    for e in entries:
+        spread = "" if e["spread"] is None else f" ± {e['spread']:.4f}"
+        rows.append(f"| {e['claim']} | {e['metric']} | {num(e['effect'])}{spread} | {e['n_seeds']} | "
+                    f"**{e['verdict']}** | {e['published']} |")
+    return "\n".join(rows)
