@@ -24,16 +24,16 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from scalelab import project_root
+from scalelab import dashboard, project_root
 
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
@@ -133,7 +133,8 @@ def _connect(experiment: str) -> tuple[MlflowClient, str]:
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return client, client.create_experiment(experiment, artifact_location=artifacts)
+        return client, client.create_experiment(experiment, artifact_location=artifacts, tags=dashboard.EXPERIMENT_TAGS)
+    dashboard.ensure_experiment(client, exp.experiment_id, exp.tags)  # kind, primary metric, saved view
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
     return client, exp.experiment_id
@@ -162,15 +163,19 @@ class StageRun:
         self._parent: str | None = None  # the parent whose status this run keeps (plain `dvc repro`)
         self.parent_id: str | None = None  # the pipeline's parent run (flow's or repro's)
         self._logged: set[str] = set()  # param keys already in a reopened run: MLflow forbids changing them
+        self._system = None  # the system-metrics sampler of a training run
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> None:
+    def _call(self, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A client method by name, or a function taking the client first (scalelab.dashboard's)."""
         if self._client is None:
-            return
+            return None
         try:
-            getattr(self._client, method)(*args, **kwargs)
+            fn = getattr(self._client, method) if isinstance(method, str) else partial(method, self._client)
+            return fn(*args, **kwargs)
         except Exception as err:  # tracking never stops a stage (DESIGN)
             self._client = None
-            msg = f"MLflow tracking off for this run ({method}: {type(err).__name__}: {err})"
+            name = getattr(method, "__name__", method)
+            msg = f"MLflow tracking off for this run ({name}: {type(err).__name__}: {err})"
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     def _open(self, name: str, tags: dict[str, str], run_id: str | None = None, nested: bool = False) -> None:
@@ -200,10 +205,14 @@ class StageRun:
             self._call("log_batch", self.run_id, params=items[i : i + BATCH])
         self._logged |= {p.key for p in items}
 
-    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None, *, model_id: str | None = None,
+                    dataset: Any = None) -> None:
+        """`model_id` links the values to a logged model, `dataset` (an mlflow Dataset) to the data they measure."""
         now = int(time.time() * 1000)
         values = {re.sub(r"[^\w\-./ ]", "_", k)[:MAX_KEY]: _number(v) for k, v in metrics.items()}  # MLflow's charset
-        items = [Metric(k, v, now, step or 0) for k, v in values.items() if v is not None]
+        link = {"model_id": model_id} | ({"dataset_name": dataset.name, "dataset_digest": dataset.digest}
+                                         if dataset is not None else {})
+        items = [Metric(k, v, now, step or 0, **link) for k, v in values.items() if v is not None]
         for i in range(0, len(items), METRIC_BATCH):
             self._call("log_batch", self.run_id, metrics=items[i : i + METRIC_BATCH])
 
@@ -222,14 +231,35 @@ class StageRun:
         """A matplotlib figure into the run, e.g. `plots/scaling.png`."""
         self._call("log_figure", self.run_id, figure, artifact_file)
 
+    def log_inputs(self, datasets: Sequence[Any] = (), models: Sequence[str] = ()) -> None:
+        """Datasets (mlflow DatasetInput) and logged models (ids) this run read: the Dataset and Model columns."""
+        if self.run_id and (datasets or models):
+            self._call("log_inputs", self.run_id, datasets=list(datasets) or None,
+                       models=[LoggedModelInput(m) for m in models] or None)
+
+    def log_model(self, path: str | os.PathLike, name: str | None = None, tags: Mapping[str, str] | None = None
+                  ) -> str | None:
+        """An MLflow external logged model pointing at the model folder `path` (its DVC out; no weights copied),
+        output of this run; returns its id (None when tracking is down)."""
+        if self._client is None or not self._active:
+            return None
+        return self._call(dashboard.log_model, self.experiment_id, self.run_id, path, name, dict(tags or {}))
+
+    def find_model(self, path: str | os.PathLike) -> str | None:
+        """The newest logged model pointing at `path` (e.g. the pretrain cell an evaluation scores)."""
+        return self._call(dashboard.find_model, self.experiment_id, path) if self._client is not None else None
+
     def record(self, out_dir: str | os.PathLike) -> Path | None:
-        """Write out_dir/mlflow_run.json (atomically): the stage's outs point to the run that made them."""
+        """Write out_dir/mlflow_run.json (atomically): the stage's outs point to the run that made them. A folder
+        holding a model (weights, or an `hf/` export) also becomes an MLflow logged model (its id recorded)."""
         if not self._active:
             return None
         path = Path(out_dir) / "mlflow_run.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         info = {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": public_uri()}
+        if (folder := dashboard.model_folder(out_dir)) is not None and (model_id := self.log_model(folder)):
+            info["model_id"] = model_id
         tmp.write_text(json.dumps(info, indent=1) + "\n")
         os.replace(tmp, path)
         return path
@@ -240,9 +270,13 @@ class StageRun:
         On DDP ranks > 0 it is bound to rank 0's run and logs nothing (Lightning logs from rank 0 only)."""
         if self.run_id is None or (self._active and self._client is None):
             return None
+        if self._active and self._system is None:  # a training run: system metrics beside its curves
+            self._system = dashboard.system_metrics(self.run_id, tracking_uri())
         return _safe_logger_class()(self.experiment, tracking_uri=tracking_uri(), run_id=self.run_id, log_model=False)
 
     def end(self, status: str = "FINISHED") -> None:
+        if self._system is not None:
+            self._system.finish()
         self._call("set_terminated", self.run_id, status)
         if self._parent:  # a plain repro's parent shows how its latest stage ended
             self._call("set_terminated", self._parent, status)
@@ -320,11 +354,12 @@ def stage_run(
     run = StageRun(experiment)
     try:
         tags = {"dvc.stage": os.environ.get("DVC_STAGE", stage), "scalelab.deps_hash": deps_hash(params, deps)}
-        tags |= {"git.commit": git_commit(), "mlflow.source.git.commit": git_commit()}
+        tags |= {"git.commit": git_commit(), "mlflow.source.git.commit": git_commit(), **dashboard.source_tags()}
         if flow_run_id := os.environ.get(FLOW_RUN_ENV):
             tags["prefect.flow_run_id"] = flow_run_id
         run._open(stage, tags, run_id, nested=True)
         run.log_params(params)
+        run.log_inputs([ds for d in deps if dashboard.is_token_meta(d) for ds in dashboard.token_datasets(d)])
         os.environ[RUN_ENV] = run.run_id
     except Exception as err:
         _warn_down(err)
@@ -339,7 +374,7 @@ def pipeline_run(
     """The parent run of one pipeline execution (the Prefect flow's); run_id None when tracking is down."""
     run = StageRun(experiment)
     try:
-        run._open(name, {"git.commit": git_commit(), **(tags or {})})
+        run._open(name, {"git.commit": git_commit(), **dashboard.source_tags("flows/pipeline.py"), **(tags or {})})
     except Exception as err:
         _warn_down(err)
     with _lifecycle(run):

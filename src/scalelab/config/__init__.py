@@ -6,6 +6,7 @@ Stages call `load_params()` first thing and write nothing when it raises.
 
 from scalelab.config.base import Fraction, NonNegFloat, NonNegInt, ParamsError, PosFloat, PosInt, Strict
 from scalelab.config.data import CorpusConfig, PrepareConfig, TokenizeConfig, TokenizerConfig
+from scalelab.config.evaluate import EvalModelConfig, EvaluateConfig, LmEvalConfig, ZeroShotConfig
 from scalelab.config.model import ArchConfig, ModelConfig, MoEConfig, ScaleConfig, SizeConfig
 from scalelab.config.optim import OptimizerConfig, ScheduleConfig
 from scalelab.config.params import Params, TrackingConfig, load_params, parse_params
@@ -17,4 +18,5 @@ __all__ = [
     "OptimizerConfig", "Params", "ParamsError", "PosFloat", "PosInt", "PrepareConfig", "PretrainConfig",
     "RecipeConfig", "ScaleConfig", "ScalingConfig", "ScheduleConfig", "SharpnessConfig", "SizeConfig", "Strict",
     "TokenizeConfig", "TokenizerConfig", "TrackingConfig", "load_params", "parse_params",
+    "EvalModelConfig", "EvaluateConfig", "LmEvalConfig", "ZeroShotConfig",
 ]

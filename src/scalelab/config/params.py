@@ -11,6 +11,7 @@ from pydantic import ValidationError, model_validator
 
 from scalelab.config.base import NonNegInt, ParamsError, Strict
 from scalelab.config.data import PrepareConfig, TokenizeConfig, TokenizerConfig
+from scalelab.config.evaluate import EvaluateConfig
 from scalelab.config.model import ArchConfig, ModelConfig
 from scalelab.config.optim import OptimizerConfig
 from scalelab.config.pretrain import PretrainConfig, ScalingConfig
@@ -30,6 +31,7 @@ class Params(Strict):
     optim: dict[str, OptimizerConfig]
     pretrain: PretrainConfig
     scaling: ScalingConfig = ScalingConfig()
+    evaluate: EvaluateConfig | None = None  # evaluation cells and the report (config/evaluate.py)
 
     @model_validator(mode="after")
     def _cross_check(self) -> "Params":
@@ -45,6 +47,8 @@ class Params(Strict):
                 raise ValueError(
                     f"pretrain.recipes.{rname}.optimizer: unknown {r.optimizer!r}; known: {sorted(self.optim)}"
                 )
+        if self.evaluate is not None and (bad := sorted(set(self.evaluate.sizes) - set(g.sizes))):
+            raise ValueError(f"evaluate.sizes: {bad} not in pretrain.grid.sizes {g.sizes}")
         return self
 
     def resolve_model(self, size: str, variant: str, vocab_size: int, moe: bool = False) -> ModelConfig:

@@ -1,0 +1,149 @@
+"""MLflow as the dashboard (used by scalelab.tracking): what a researcher sees on opening the experiment.
+
+- The experiment's kind (`mlflow.experimentKind`, read by MLflow 3.17's UI) is set to custom model development, so
+  the experiment opens on its training runs instead of the GenAI overview ("Traces: 0"); its primary metric
+  (`mlflow.experiment.primaryMetric.name`) is the validation loss, the first chart of the chart view.
+- A saved view (`mlflow.sharedViewState.<key>`, opened by `#/experiments/<id>/runs?viewStateShareKey=<key>`) puts
+  variant, size, seed and the final validation loss first in the runs table, beside Source, Dataset and Model.
+- Datasets are run inputs: each token split with its token count, bytes and sha256 (from the shards' meta.json).
+- Models are external logged models pointing at their DVC out (no weights copied): evaluation metrics link to them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Dataset, DatasetInput, InputTag, LoggedModelOutput, LoggedModelStatus
+from mlflow.utils.mlflow_tags import MLFLOW_MODEL_IS_EXTERNAL
+
+VIEW_KEY = "scalelab"
+PRIMARY_METRIC = "val/loss"  # what the pretrain runs log as their validation loss (the last value is the final one)
+PATH_TAG = "scalelab.path"  # a logged model's DVC out, relative to the project root
+
+_COLUMNS = [("attributes", "Source"), ("attributes", "Dataset"), ("attributes", "Models"),
+            ("params", "cell.variant"), ("params", "cell.size"), ("params", "cell.seed"),
+            ("metrics", PRIMARY_METRIC), ("metrics", "eval/val_loss"), ("metrics", "eval/continuation_acc"),
+            ("metrics", "eval/cloze_acc"), ("metrics", "eval/tokens_per_s")]
+VIEW_STATE = {"selectedColumns": [f"{kind}.`{key}`" for kind, key in _COLUMNS]}  # the UI's column ids
+
+EXPERIMENT_TAGS = {
+    "mlflow.experimentKind": "custom_model_development",
+    "mlflow.experiment.primaryMetric.name": PRIMARY_METRIC,
+    f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(VIEW_STATE),
+    "mlflow.note.content": (
+        "scalelab: one parent run per pipeline execution, one child run per DVC stage cell. "
+        f"Open the runs table with variant, size, seed and validation loss first: add `?viewStateShareKey={VIEW_KEY}` "
+        "to this page's runs URL (`make ui` prints it)."),
+}
+
+
+def ensure_experiment(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> None:
+    """Set the dashboard tags an experiment lacks (one call per missing tag; none once set)."""
+    for key, value in EXPERIMENT_TAGS.items():
+        if tags.get(key) != value:
+            client.set_experiment_tag(experiment_id, key, value)
+
+
+def view_url(ui: str, experiment_id: str) -> str:
+    """The runs table of the experiment with the saved view, e.g. ui = http://127.0.0.1:5000."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+
+
+def source_tags(script: str | None = None) -> dict[str, str]:
+    """Fill the Source column: the stage script (relative to the project root) run locally."""
+    from scalelab import project_root
+
+    script = script or (sys.argv[0] if sys.argv and sys.argv[0] else "python")
+    try:
+        script = str(Path(script).resolve().relative_to(project_root()))
+    except ValueError:
+        pass
+    return {"mlflow.source.name": script, "mlflow.source.type": "LOCAL"}
+
+
+def token_datasets(meta_path: str | os.PathLike) -> list[DatasetInput]:
+    """Each split of a token-shard folder (the tokenize stage's meta.json) as a dataset input of a run: the digest
+    is the shard's sha256, the profile its token and byte counts, the source its path."""
+    meta_path = Path(meta_path)
+    meta = json.loads(meta_path.read_text())
+    corpus = meta_path.parent.name
+    out = []
+    for split, shard in sorted(meta.get("shards", {}).items()):
+        profile = {"tokens": shard["tokens"], "bytes": shard["bytes"], "sha256": shard["sha256"],
+                   "vocab_size": meta.get("vocab_size"), "tokenizer_sha256": meta.get("tokenizer_sha256")}
+        source = {"uri": str(meta_path.parent / shard["file"])}
+        ds = Dataset(name=f"{corpus}/{split}", digest=shard["sha256"][:16], source_type="local",
+                     source=json.dumps(source), schema=json.dumps({"dtype": meta.get("dtype")}),
+                     profile=json.dumps(profile))
+        context = "training" if split == "train" else "validation" if split == "val" else split
+        out.append(DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)]))
+    return out
+
+
+def is_token_meta(path: str | os.PathLike) -> bool:
+    path = Path(path)
+    if path.name != "meta.json" or not path.is_file():
+        return False
+    try:
+        return "shards" in json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def model_folder(out_dir: str | os.PathLike) -> Path | None:
+    """The loadable model in a stage's out folder: its `hf/` export when there is one, else the folder itself when
+    it holds weights; None for folders without a model."""
+    out_dir = Path(out_dir)
+    for folder in (out_dir / "hf", out_dir):
+        if folder.is_dir() and any(folder.glob("*.safetensors")):
+            return folder
+    return None
+
+
+def _relative(path: str | os.PathLike) -> str:
+    from scalelab import project_root
+
+    p = Path(path).resolve()
+    try:
+        return p.relative_to(project_root()).as_posix()
+    except ValueError:
+        return p.as_posix()
+
+
+def log_model(client: MlflowClient, experiment_id: str, run_id: str, path: str | os.PathLike,
+              name: str | None = None, tags: dict[str, str] | None = None) -> str:
+    """An external logged model for the model folder `path` (weights stay in the DVC out), produced by `run_id`."""
+    rel = _relative(path)
+    name = name or (Path(rel).parent.parent.name if Path(rel).name == "hf" else Path(rel).parent.name)
+    model_tags = {MLFLOW_MODEL_IS_EXTERNAL: "true", PATH_TAG: rel, **(tags or {})}
+    model = client.create_logged_model(experiment_id, name=name, source_run_id=run_id, tags=model_tags,
+                                       model_type="causal-lm")
+    client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])
+    return model.model_id
+
+
+def find_model(client: MlflowClient, experiment_id: str, path: str | os.PathLike) -> str | None:
+    """The newest logged model pointing at the model folder `path`, if any."""
+    models = client.search_logged_models([experiment_id], filter_string=f"tags.`{PATH_TAG}` = '{_relative(path)}'",
+                                         order_by=[{"field_name": "creation_time", "ascending": False}],
+                                         max_results=1)
+    return models[0].model_id if models else None
+
+
+def system_metrics(run_id: str, uri: str, interval: float = 2.0) -> Any:
+    """Start MLflow's system-metrics sampler (CPU, memory, disk, network; GPU when present) for a training run;
+    returns the monitor (call .finish()) or None where it cannot run."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, samples_before_logging=1, tracking_uri=uri)
+        monitor.start()
+        return monitor
+    except Exception:  # psutil missing, a store without system-metrics support: training goes on without it
+        return None

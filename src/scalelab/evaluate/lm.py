@@ -1,0 +1,74 @@
+"""One interface for every model the evaluation scores: logits for token ids, its tokenizer, its size.
+
+Formats, told apart by the files in the folder:
+- `config.json` + safetensors: a Hugging Face causal LM (scalelab's Llama/Qwen3 exports, compressed or continued
+  models saved in that format, or any Llama/Qwen-style model on disk), through `scalelab.model.hf` (no remote code);
+- `scalelab_config.json`: scalelab's own export (MoE, Peri-LN), rebuilt as a `Transformer`.
+A stage that writes yet another format adds a loader here (or saves an HF export beside it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from scalelab.data import DataError
+
+
+@dataclass
+class EvalLM:
+    """A causal LM under evaluation: `logits(ids [B, T]) -> [B, T, V]` in float32, on `device`."""
+
+    name: str
+    path: str
+    kind: str  # "hf:<model_type>" or "scalelab"
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    tokenizer: Any  # a transformers tokenizer: encode(text, add_special_tokens=False), decode(ids)
+    max_len: int  # longest sequence the model takes (positions it was configured for)
+    n_params: int
+    device: torch.device
+    module: torch.nn.Module
+
+    @torch.inference_mode()
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.forward(ids.to(self.device)).float()
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DataError("evaluate.device: cuda requested but no CUDA device is available")
+    return torch.device(device)
+
+
+def load_lm(path: str | os.PathLike, name: str, dtype: str = "float32", device: str = "cpu") -> EvalLM:
+    """Load the model folder `path` for evaluation; DataError (one line) when it is missing or unreadable."""
+    from scalelab.model.hf import ModelLoadError, load_causal_lm, load_hf_tokenizer
+
+    folder, dev = Path(path), resolve_device(device)
+    if not folder.is_dir():
+        raise DataError(f"model {name!r}: no folder {folder} (run the stage that writes it first)")
+    try:
+        tokenizer = load_hf_tokenizer(str(folder))
+        if (folder / "scalelab_config.json").is_file():
+            from scalelab.model import load_exported
+
+            model = load_exported(folder, device=dev).to(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+            model.eval()
+            return EvalLM(name, str(folder), "scalelab", lambda ids: model(ids).logits, tokenizer,
+                          model.cfg.max_seq_len, model.num_params(), dev, model)
+        model = load_causal_lm(str(folder), dtype=dtype, device=dev)
+    except (ModelLoadError, FileNotFoundError, ValueError) as err:
+        raise DataError(f"model {name!r} at {folder}: {str(err).splitlines()[0]}") from None
+    cfg = model.config
+    max_len = getattr(cfg, "max_position_embeddings", None) or 2048
+    return EvalLM(name, str(folder), f"hf:{cfg.model_type}", lambda ids: model(input_ids=ids, use_cache=False).logits,
+                  tokenizer, int(max_len), sum(p.numel() for p in model.parameters()), dev, model)
