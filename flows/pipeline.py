@@ -163,6 +163,8 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
             results.append({"stage": stage, "status": status})
         markdown = summary(results, graph, parent, root)
         create_markdown_artifact(markdown, key="scalelab-pipeline", description="DVC stages and their MLflow runs")
+        if (report_md := root / "data/report/report.md").is_file():  # the report and its ledger, in Prefect
+            create_markdown_artifact(report_md.read_text(), key="scalelab-report", description=str(report_md))
         if failed:
             raise RuntimeError(f"pipeline stopped: {failed}") from failed
     return results

@@ -34,7 +34,8 @@ def target(params: Params, args: argparse.Namespace) -> tuple[str, str, str, dic
                           f"(variants {g.variants}, evaluate.sizes {cfg.sizes}, seeds {g.seeds})")
     cell = f"{args.variant}-{args.size}-base-{args.seed}"
     identity = {"variant": args.variant, "size": args.size, "recipe": "base", "seed": args.seed}
-    return cell, CELL_EXPORT.format(cell=cell), cfg.dtype, identity
+    export = Path(CELL_EXPORT.format(cell=cell))  # the folded HF export; cells it cannot represent: scalelab's own
+    return cell, str(export if export.is_dir() else export.parent), cfg.dtype, identity
 
 
 def run(params: Params, args: argparse.Namespace) -> None:
@@ -55,7 +56,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
               "model": {"name": name, "path": path, "dtype": dtype}, **({"cell": cell} if cell else {})}
     with tracking.stage_run(stage, params=logged, experiment=params.tracking.experiment,
                             deps=[path, str(suite.VAL_TEXT)]) as run:
-        lm = load_lm(path, name, dtype=dtype, device=cfg.device)
+        lm = load_lm(path, name, dtype=dtype, device=cfg.device, tokenizer_fallback=suite.TOKENIZER)
         result = suite.evaluate(lm, cfg, seq_len=cfg.seq_len or params.pretrain.seq_len,
                                 val_tokens=cfg.val_tokens or params.pretrain.val_tokens)
         result["cell"] = cell

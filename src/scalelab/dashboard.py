@@ -43,9 +43,10 @@ EXPERIMENT_TAGS = {
 
 
 def ensure_experiment(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> None:
-    """Set the dashboard tags an experiment lacks (one call per missing tag; none once set)."""
+    """Set the dashboard tags an experiment lacks (one call per missing tag; none once set; a value a user changed
+    in the UI stays)."""
     for key, value in EXPERIMENT_TAGS.items():
-        if tags.get(key) != value:
+        if key not in tags:
             client.set_experiment_tag(experiment_id, key, value)
 
 

@@ -149,7 +149,7 @@ def _repro_parent(client: MlflowClient, experiment_id: str, create: bool) -> str
             return run.info.run_id
     if not create:
         return None
-    tags = {"scalelab.pipeline_key": key, "git.commit": git_commit()}
+    tags = {"scalelab.pipeline_key": key, "git.commit": git_commit(), **dashboard.source_tags("dvc.yaml")}
     return client.create_run(experiment_id, run_name=f"dvc repro {git_commit()[:8]}", tags=tags).info.run_id
 
 

@@ -49,15 +49,34 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_lm(path: str | os.PathLike, name: str, dtype: str = "float32", device: str = "cpu") -> EvalLM:
+def _tokenizer(folder: Path, fallback: str | os.PathLike | None):
+    """The tokenizer saved beside the weights, else `fallback` (a tokenizer.json, e.g. the project's)."""
+    from scalelab.model.hf import ModelLoadError, load_hf_tokenizer
+
+    try:
+        return load_hf_tokenizer(str(folder))
+    except ModelLoadError:
+        if fallback is None or not Path(fallback).is_file():
+            raise
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_file=str(fallback))
+
+
+def load_lm(path: str | os.PathLike, name: str, dtype: str = "float32", device: str = "cpu",
+            tokenizer_fallback: str | os.PathLike | None = None) -> EvalLM:
     """Load the model folder `path` for evaluation; DataError (one line) when it is missing or unreadable."""
-    from scalelab.model.hf import ModelLoadError, load_causal_lm, load_hf_tokenizer
+    from scalelab.model.hf import ModelLoadError, load_causal_lm
 
     folder, dev = Path(path), resolve_device(device)
     if not folder.is_dir():
         raise DataError(f"model {name!r}: no folder {folder} (run the stage that writes it first)")
     try:
-        tokenizer = load_hf_tokenizer(str(folder))
+        import scalelab.compress  # noqa: F401  registers the low-rank layers compressed models are saved with
+    except ImportError:
+        pass
+    try:
+        tokenizer = _tokenizer(folder, tokenizer_fallback)
         if (folder / "scalelab_config.json").is_file():
             from scalelab.model import load_exported
 

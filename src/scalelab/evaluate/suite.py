@@ -13,7 +13,8 @@ from scalelab.evaluate.lm import EvalLM
 from scalelab.evaluate.perplexity import perplexity, throughput, val_windows
 from scalelab.evaluate.zeroshot import run_tasks
 
-SHARDS, VAL_TEXT, TOKENIZER = Path("data/tokens"), Path("data/prepared/val.parquet"), Path("data/tokenizer/tokenizer.json")
+SHARDS, VAL_TEXT = Path("data/tokens"), Path("data/prepared/val.parquet")
+TOKENIZER = Path("data/tokenizer/tokenizer.json")
 
 
 def val_documents(path: str | Path = VAL_TEXT) -> list[str]:

@@ -1,0 +1,222 @@
+"""The report: one markdown file and the same as a static HTML page (PNGs embedded as base64, readable offline).
+
+Everything in it is computed from the pipeline's outs, nothing is typed in: the scale-vector ablation and scaling fits
+(data/scaling), the optimizer leaderboard, Hidden Decoding's gain against n and the compression table (each method's
+summary folder: its CSV tables and PNG plots), the evaluation table (metrics/evaluate), the loss curves overlaying the
+variants of each size (plots/pretrain), and the claims ledger gathered from metrics/claims_<a|b|c|d>.json, each claim
+beside its published number. A method whose outs are absent is reported as "not run".
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from scalelab.evaluate import claims as ledger_rules
+from scalelab.evaluate import figures
+
+
+@dataclass(frozen=True)
+class Method:
+    key: str  # the claims file's letter
+    title: str
+    folder: str  # the method's summary out: every CSV there is a table, every PNG a figure
+
+
+METHODS = (
+    Method("a", "A. Scale vectors in normalization layers", "data/scaling"),
+    Method("b", "B. Optimizers: the leaderboard", "data/optimizers_summary"),
+    Method("c", "C. Hidden Decoding: gain against n", "data/hidden_decoding_summary"),
+    Method("d", "D. SigmaScale and SVD baselines: compression", "data/compress_summary"),
+)
+CLAIMS = "metrics/claims_{key}.json"
+HD_GAIN = ("plots/hidden_decoding_gain.csv", "n_streams", "gain_tokens")  # the Hidden Decoding summary's plot data
+MAX_ROWS = 40  # longer tables are cut in the report (the CSV beside it is whole)
+
+Block = tuple[str, Any]  # ("h1"|"h2"|"h3"|"p", text) ("table", DataFrame) ("img", Path) ("ledger", entries)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def md_table(df: pl.DataFrame) -> str:
+    rows = [[_fmt(v) for v in r] for r in df.head(MAX_ROWS).iter_rows()]
+    out = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    if df.height > MAX_ROWS:
+        out.append(f"\n({df.height - MAX_ROWS} more rows in the CSV)")
+    return "\n".join(out)
+
+
+def html_table(df: pl.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r) + "</tr>"
+                   for r in df.head(MAX_ROWS).iter_rows())
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def ledger_frame(entries: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame([{"claim": e["claim"], "metric": e["metric"],
+                          "effect ± spread": _fmt(e["effect"]) + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
+                          "seeds": e["n_seeds"], "verdict": e["verdict"], "published": e["published"]}
+                         for e in entries], schema={k: pl.String for k in ("claim", "metric", "effect ± spread")}
+                        | {"seeds": pl.Int64, "verdict": pl.String, "published": pl.String})
+
+
+def render_markdown(blocks: list[Block], out_dir: Path) -> str:
+    parts = []
+    for kind, x in blocks:
+        if kind in ("h1", "h2", "h3"):
+            parts.append("#" * int(kind[1]) + " " + x)
+        elif kind == "p":
+            parts.append(x)
+        elif kind == "table":
+            parts.append(md_table(x))
+        elif kind == "ledger":
+            parts.append(ledger_rules.markdown(x))
+        elif kind == "img":
+            parts.append(f"![{x.stem}]({os.path.relpath(x, out_dir)})")
+    return "\n\n".join(parts) + "\n"
+
+
+def render_html(blocks: list[Block], title: str) -> str:
+    parts = []
+    for kind, x in blocks:
+        if kind in ("h1", "h2", "h3"):
+            parts.append(f"<{kind}>{html.escape(x)}</{kind}>")
+        elif kind == "p":
+            parts.append(f"<p>{html.escape(x)}</p>")
+        elif kind in ("table", "ledger"):
+            parts.append(html_table(x if kind == "table" else ledger_frame(x)))
+        elif kind == "img":
+            data = base64.b64encode(x.read_bytes()).decode()
+            parts.append(f'<figure><img alt="{html.escape(x.stem)}" src="data:image/png;base64,{data}"></figure>')
+    style = ("body{font-family:sans-serif;max-width:70em;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse;margin:1em 0;font-size:.9em}"
+             "td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def gather_claims(root: Path) -> dict[str, list[dict] | None]:
+    """Each method's ledger entries (read and checked by claims.read_claims), None where its file is absent."""
+    out = {}
+    for m in METHODS:
+        path = root / CLAIMS.format(key=m.key)
+        out[m.key] = ledger_rules.read_claims(path) if path.is_file() else None
+    return out
+
+
+def evaluation_table(root: Path, names: list[str]) -> pl.DataFrame | None:
+    rows = []
+    for name in names:
+        path = root / "metrics/evaluate" / f"{name}.json"
+        if path.is_file():
+            m = json.loads(path.read_text())
+            lm = m.get("lm_eval", {})
+            rows.append({"model": name, "params": m["params"], "val_loss": m["val_loss"], "ppl": m["ppl"],
+                         "bpb": m["bpb"], "continuation_acc": m["continuation_acc"],
+                         "continuation_stderr": m["continuation_stderr"], "cloze_acc": m["cloze_acc"],
+                         "cloze_stderr": m["cloze_stderr"], "chance": m["chance"], "tokens_per_s": m["tokens_per_s"],
+                         "peak_mem_mb": m["peak_mem_mb"],
+                         "lm_eval": "skipped" if "skipped" in lm else json.dumps(lm.get("results", {}))})
+    return pl.DataFrame(rows) if rows else None
+
+
+def curve_table(root: Path, cells: list[dict]) -> pl.DataFrame | None:
+    """Validation points of every pretrain cell's curve (plots/pretrain/<cell>.csv), long format."""
+    frames = []
+    for c in cells:
+        path = root / "plots/pretrain" / f"{c['name']}.csv"
+        if path.is_file():
+            df = pl.read_csv(path).filter(pl.col("val_loss").is_not_null())
+            frames.append(df.select("step", "tokens", "val_loss").with_columns(
+                pl.lit(c["variant"]).alias("variant"), pl.lit(c["size"]).alias("size"), pl.lit(c["seed"]).alias("seed")))
+    return pl.concat(frames) if frames else None
+
+
+def ablation_table(root: Path) -> pl.DataFrame | None:
+    """Final validation loss per variant and size (base recipe, mean over seeds) and its difference to `standard`."""
+    path = root / "data/scaling/summary.csv"
+    if not path.is_file():
+        return None
+    s = pl.read_csv(path)
+    if "recipe" in s.columns:
+        s = s.filter(pl.col("recipe") == "base")
+    std = s.filter(pl.col("variant") == "standard").select("size", pl.col("val_loss").alias("standard"))
+    return (s.join(std, on="size", how="left").with_columns((pl.col("val_loss") - pl.col("standard"))
+            .alias("delta_vs_standard")).select("variant", "size", "val_loss", "delta_vs_standard",
+                                                *[c for c in ("val_loss_std", "seeds") if c in s.columns]))
+
+
+def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], plots_csv: Path) -> dict[str, Any]:
+    """Write out/{report.md, report.html, *.png} and plots_csv (curves for `dvc plots`); return the report's metrics."""
+    root, out = Path(root), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    blocks: list[Block] = [("h1", "scalelab report"), ("p", "Generated by the report stage from the pipeline's outs; "
+                           "nothing in it is typed in. Verdicts follow the rule stated with each claim.")]
+    claims = gather_claims(root)
+    verdicts = Counter(e["verdict"].split(" (")[0] for entries in claims.values() if entries for e in entries)
+    blocks += [("h2", "Claims ledger"),
+               ("p", ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no claims files yet")]
+    for m in METHODS:
+        blocks += [("h3", m.title)]
+        blocks += [("ledger", claims[m.key])] if claims[m.key] else [("p", f"not run ({CLAIMS.format(key=m.key)} absent)")]
+        if claims[m.key]:
+            blocks += [("p", f"Rule: {claims[m.key][0]['rule']}")]
+
+    evals = evaluation_table(root, eval_names)
+    blocks += [("h2", "Evaluation")]
+    if evals is None:
+        blocks += [("p", "not run (no metrics/evaluate/*.json for the models in params)")]
+    else:
+        blocks += [("p", f"Perplexity on the fixed validation windows; zero-shot multiple choice built from the "
+                         f"validation split ({int(evals['chance'][0] ** -1)} choices, chance "
+                         f"{float(evals['chance'][0]):.2f}); forward tokens/s and peak memory."),
+                   ("table", evals), ("img", figures.evaluation(evals, out / "evaluation.png"))]
+
+    curves = curve_table(root, cells)
+    if curves is not None:
+        plots_csv.parent.mkdir(parents=True, exist_ok=True)
+        tmp = plots_csv.with_name(f".{plots_csv.name}.tmp")
+        curves.sort("size", "variant", "seed", "step").write_csv(tmp)
+        tmp.replace(plots_csv)  # atomic: `dvc plots` never reads half a file
+        blocks += [("h2", "Loss curves")]
+        blocks += [("img", figures.loss_curves(curves, size, out / f"loss_{size}.png"))
+                   for size in curves["size"].unique(maintain_order=True)]
+
+    for m in METHODS:
+        folder = root / m.folder
+        blocks += [("h2", m.title)]
+        if m.key == "a" and (abl := ablation_table(root)) is not None:
+            blocks += [("table", abl), ("img", figures.ablation(abl, out / "ablation.png"))]
+        if m.key == "c" and (gain := root / HD_GAIN[0]).is_file():
+            g = pl.read_csv(gain)
+            if {HD_GAIN[1], HD_GAIN[2]} <= set(g.columns):
+                blocks += [("img", figures.gain_vs_n(g.sort(HD_GAIN[1]), HD_GAIN[1], HD_GAIN[2], out / "hd_gain.png"))]
+        if not folder.is_dir():
+            blocks += [("p", f"not run ({m.folder} absent)")]
+            continue
+        for csv in sorted(folder.glob("*.csv")):
+            blocks += [("p", f"{m.folder}/{csv.name}"), ("table", pl.read_csv(csv))]
+        blocks += [("img", png) for png in sorted(folder.glob("*.png"))]
+
+    (out / "report.md").write_text(render_markdown(blocks, out))
+    (out / "report.html").write_text(render_html(blocks, "scalelab report"))
+    return {"claims": {m.key: (dict(Counter(e["verdict"].split(" (")[0] for e in claims[m.key]))
+                               if claims[m.key] else "not run") for m in METHODS},
+            "verdicts": dict(verdicts), "models_evaluated": 0 if evals is None else evals.height,
+            "sections_run": [m.key for m in METHODS if (root / m.folder).is_dir()]}

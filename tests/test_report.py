@@ -1,0 +1,124 @@
+"""The report: the ledger gathered from the methods' claims files (never typed), "not run" for absent methods, the
+evaluation table, curves overlaying the variants of a size, an offline HTML page; dvc.yaml wires every claims file."""
+
+import base64
+import importlib.util
+import json
+import re
+
+import polars as pl
+import pytest
+import yaml
+from conftest import MICRO, ROOT
+
+from scalelab.evaluate import claims, report
+
+CELLS = [{"name": f"{v}-s-base-{seed}", "variant": v, "size": "s", "seed": seed}
+         for v in ("standard", "unified") for seed in (0, 1)]
+
+
+def _eval_json(loss: float, acc: float) -> dict:
+    return {"params": 1000, "val_loss": loss, "ppl": 2.718 ** loss, "bpb": loss / 0.69 / 3, "continuation_acc": acc,
+            "continuation_stderr": 0.05, "cloze_acc": acc / 2, "cloze_stderr": 0.05, "chance": 0.25,
+            "tokens_per_s": 1e4, "peak_mem_mb": 500.0, "lm_eval": {"skipped": "no tasks"}}
+
+
+@pytest.fixture
+def outs(tmp_path):
+    """What the other stages would have written: scale-vector claims and summary, curves, evaluations."""
+    entries = [claims.claim("a.unified", "unified beats standard", "val_loss", [0.03, 0.05, 0.04], "−0.05 (1.3B)"),
+               claims.claim("a.none", "none is worse than standard", "val_loss", [-0.2, -0.25, -0.22], "+0.1"),
+               claims.claim("a.wd_in", "decay on input scales helps", "val_loss", [0.01], "−0.01")]
+    claims.write_claims(tmp_path / "metrics/claims_a.json", entries)
+    (tmp_path / "data/scaling").mkdir(parents=True)
+    pl.DataFrame({"recipe": ["base"] * 2, "variant": ["standard", "unified"], "size": ["s", "s"],
+                  "val_loss": [3.0, 2.9]}).write_csv(tmp_path / "data/scaling/summary.csv")
+    (tmp_path / "plots/pretrain").mkdir(parents=True)
+    for c in CELLS:
+        base = 3.0 if c["variant"] == "standard" else 2.9
+        pl.DataFrame({"step": [1, 2, 3, 4], "tokens": [10, 20, 30, 40], "train_loss": [5.0, 4.0, 3.5, 3.2],
+                      "val_loss": [None, base + 0.5, None, base + c["seed"] * 0.01]}).write_csv(
+            tmp_path / f"plots/pretrain/{c['name']}.csv")
+    (tmp_path / "metrics/evaluate").mkdir(parents=True)
+    for c, loss in zip(CELLS, (3.0, 3.01, 2.9, 2.91)):
+        (tmp_path / f"metrics/evaluate/{c['name']}.json").write_text(json.dumps(_eval_json(loss, 0.4)))
+    return tmp_path, entries
+
+
+def test_report_gathers_the_ledger_and_says_what_did_not_run(outs):
+    root, entries = outs
+    out = root / "data/report"
+    m = report.build(root, out, cells=CELLS, eval_names=[c["name"] for c in CELLS] + ["missing-model"],
+                     plots_csv=root / "plots/report/val_loss_curves.csv")
+    md = (out / "report.md").read_text()
+    # the verdicts are the claims module's, from the effects: reproduced, contradicted, 1 seed inconclusive
+    assert [e["verdict"] for e in entries] == ["reproduced", "contradicted", "inconclusive (1 seed)"]
+    assert m["verdicts"] == {"reproduced": 1, "contradicted": 1, "inconclusive": 1}
+    assert claims.markdown(entries) in md  # the ledger as the claims module renders it, published numbers beside
+    assert "−0.05 (1.3B)" in md and f"{entries[0]['effect']:+.4f} ± {entries[0]['spread']:.4f}" in md
+    assert m["claims"] == {"a": {"reproduced": 1, "contradicted": 1, "inconclusive": 1}, "b": "not run",
+                           "c": "not run", "d": "not run"}
+    assert md.count("not run (metrics/claims_") == 3 and "not run (data/compress_summary absent)" in md
+    assert m["models_evaluated"] == 4 and "| standard-s-base-1 | 1000 | 3.01 |" in md
+    # loss curves: validation points only, the variants of a size overlaid (both seeds kept for the band)
+    curves = pl.read_csv(root / "plots/report/val_loss_curves.csv")
+    assert curves.height == 8 and set(curves["variant"]) == {"standard", "unified"}
+    assert (out / "loss_s.png").is_file() and "![loss_s](loss_s.png)" in md
+    assert "| unified | s | 2.9 | -0.1 |" in md  # the ablation's Δ vs standard, computed from the scaling summary
+    # the HTML page is self-contained: every image inline, nothing fetched
+    page = (out / "report.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == md.count("![") and all(base64.b64decode(i)[:4] == b"\x89PNG" for i in images)
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+
+
+def test_a_malformed_claims_file_is_named(outs):
+    root, _ = outs
+    (root / "metrics/claims_c.json").write_text(json.dumps([{"id": "c1", "claim": "x"}]))
+    with pytest.raises(ValueError, match="claims_c.json"):
+        report.build(root, root / "out", cells=CELLS, eval_names=[], plots_csv=root / "c.csv")
+
+
+def test_the_stage_logs_the_report_to_the_parent_run(outs, monkeypatch):
+    root, _ = outs
+    from mlflow import MlflowClient
+
+    params = yaml.safe_load(MICRO.read_text())
+    params["pretrain"]["grid"] |= {"variants": ["standard", "unified"], "sizes": ["a"], "seeds": [0, 1]}
+    params["evaluate"]["sizes"] = ["a"]
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("SCALELAB_ROOT", str(root))
+    spec = importlib.util.spec_from_file_location("report_stage", ROOT / "stages/report.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    from scalelab.config import load_params
+
+    stage.main(load_params("params.yaml"))
+    run_id = json.loads((root / "data/report/mlflow_run.json").read_text())["run_id"]
+    client = MlflowClient()
+    parent = client.get_run(run_id).data.tags["mlflow.parentRunId"]
+    logged = {a.path for a in client.list_artifacts(parent, "report")}
+    assert {"report/report.md", "report/report.html"} <= logged
+    assert json.loads((root / "metrics/report.json").read_text())["claims"]["a"]["reproduced"] == 1
+
+
+def test_dvc_wires_every_claims_file_and_the_curves_plot():
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    stages = dvc["stages"]
+
+    def outs_of(stage):
+        body = stage.get("do", stage)
+        return [next(iter(o)) if isinstance(o, dict) else o
+                for key in ("outs", "metrics", "plots") for o in body.get(key, [])]
+
+    produced = {o for name, s in stages.items() if name != "report" for o in outs_of(s)}
+    deps = set(stages["report"]["deps"])
+    missing = sorted(o for o in produced if re.fullmatch(r"metrics/claims_[a-d]\.json", o) and o not in deps)
+    missing += sorted(m.folder for m in report.METHODS if m.folder in produced and m.folder not in deps)
+    assert not missing, f"add to the report stage's deps in dvc.yaml: {missing}"
+    (plot,) = [p for p in dvc["plots"] if "plots/report/val_loss_curves.csv" in p]
+    template = json.loads((ROOT / ".dvc/plots" / f"{plot['plots/report/val_loss_curves.csv']['template']}.json")
+                          .read_text())
+    assert template["spec"]["encoding"]["color"]["field"] == "variant"
+    assert "plots/report/val_loss_curves.csv" in outs_of(stages["report"])
