@@ -3,12 +3,15 @@
 Formats, told apart by the files in the folder:
 - `config.json` + safetensors: a Hugging Face causal LM (scalelab's Llama/Qwen3 exports, compressed or continued
   models saved in that format, or any Llama/Qwen-style model on disk), through `scalelab.model.hf` (no remote code);
-- `scalelab_config.json`: scalelab's own export (MoE, Peri-LN), rebuilt as a `Transformer`.
+- `scalelab_config.json`: scalelab's own export (MoE, Peri-LN), rebuilt as a `Transformer`;
+- `hidden_decoding.json`: a Hidden Decoding model (its HF backbone plus the extra embedding tables), scored on the
+  logits of each token's last stream, as its training loss is.
 A stage that writes yet another format adds a loader here (or saves an HF export beside it).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,12 +74,19 @@ def load_lm(path: str | os.PathLike, name: str, dtype: str = "float32", device: 
     folder, dev = Path(path), resolve_device(device)
     if not folder.is_dir():
         raise DataError(f"model {name!r}: no folder {folder} (run the stage that writes it first)")
-    try:
-        import scalelab.compress  # noqa: F401  registers the low-rank layers compressed models are saved with
-    except ImportError:
-        pass
+    config = folder / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("model_type", "").startswith("scalelab_lowrank_"):
+        import scalelab.compress  # noqa: F401  registers the low-rank model classes compressed models are saved as
     try:
         tokenizer = _tokenizer(folder, tokenizer_fallback)
+        if (folder / "hidden_decoding.json").is_file():  # METHODS §C: n streams per token, the last one predicts
+            from scalelab.model.hidden_decoding_io import load_hidden_decoding
+
+            model = load_hidden_decoding(folder, dtype=dtype, device=dev).eval()
+            cfg = model.backbone.config
+            return EvalLM(name, str(folder), f"hidden_decoding:n={model.n}", lambda ids: model(ids).logits, tokenizer,
+                          int(getattr(cfg, "max_position_embeddings", None) or 2048),
+                          sum(p.numel() for p in model.parameters()), dev, model)
         if (folder / "scalelab_config.json").is_file():
             from scalelab.model import load_exported
 

@@ -33,7 +33,7 @@ class Method:
 
 METHODS = (
     Method("a", "A. Scale vectors in normalization layers", "data/scaling"),
-    Method("b", "B. Optimizers: the leaderboard", "data/optimizers_summary"),
+    Method("b", "B. Optimizers: the leaderboard", "data/optimizers/leaderboard"),
     Method("c", "C. Hidden Decoding: gain against n", "data/hidden_decoding_summary"),
     Method("d", "D. SigmaScale and SVD baselines: compression", "data/compress_summary"),
 )
