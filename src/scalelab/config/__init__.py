@@ -5,6 +5,10 @@ Stages call `load_params()` first thing and write nothing when it raises.
 """
 
 from scalelab.config.base import Fraction, NonNegFloat, NonNegInt, ParamsError, PosFloat, PosInt, Strict
+from scalelab.config.compress import (
+    AllocationConfig, CalibrationConfig, CompressConfig, CompressGrid, EvalConfig, MethodConfig, RefineConfig,
+    SigmaScaleConfig,
+)
 from scalelab.config.data import CorpusConfig, PrepareConfig, TokenizeConfig, TokenizerConfig
 from scalelab.config.evaluate import EvalModelConfig, EvaluateConfig, LmEvalConfig, ZeroShotConfig
 from scalelab.config.model import ArchConfig, ModelConfig, MoEConfig, ScaleConfig, SizeConfig
@@ -18,5 +22,7 @@ __all__ = [
     "OptimizerConfig", "Params", "ParamsError", "PosFloat", "PosInt", "PrepareConfig", "PretrainConfig",
     "RecipeConfig", "ScaleConfig", "ScalingConfig", "ScheduleConfig", "SharpnessConfig", "SizeConfig", "Strict",
     "TokenizeConfig", "TokenizerConfig", "TrackingConfig", "load_params", "parse_params",
+    "AllocationConfig", "CalibrationConfig", "CompressConfig", "CompressGrid", "EvalConfig", "MethodConfig",
+    "RefineConfig", "SigmaScaleConfig",
     "EvalModelConfig", "EvaluateConfig", "LmEvalConfig", "ZeroShotConfig",
 ]

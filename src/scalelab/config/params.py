@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError, model_validator
 
 from scalelab.config.base import NonNegInt, ParamsError, Strict
+from scalelab.config.compress import CompressConfig
 from scalelab.config.data import PrepareConfig, TokenizeConfig, TokenizerConfig
 from scalelab.config.evaluate import EvaluateConfig
 from scalelab.config.model import ArchConfig, ModelConfig
@@ -31,6 +32,7 @@ class Params(Strict):
     optim: dict[str, OptimizerConfig]
     pretrain: PretrainConfig
     scaling: ScalingConfig = ScalingConfig()
+    compress: CompressConfig | None = None  # METHODS §D
     evaluate: EvaluateConfig | None = None  # evaluation cells and the report (config/evaluate.py)
 
     @model_validator(mode="after")

@@ -48,3 +48,18 @@ def load_hf_tokenizer(source: str | os.PathLike):
                                                         if k != "use_safetensors"})
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load tokenizer {source!r}: {str(err).splitlines()[0]}") from None
+
+
+@torch.no_grad()
+def mean_nll(model, batches) -> float:
+    """Mean next-token cross-entropy (nats per token) of a causal LM over (input ids, targets) batches, e.g. the
+    fixed validation windows of `scalelab.data.loader.val_batches`; its exp is the perplexity."""
+    import torch.nn.functional as F
+
+    dev = next(model.parameters()).device
+    total, count = 0.0, 0
+    for x, y in batches:
+        logits = model(input_ids=x.to(dev), use_cache=False).logits
+        total += float(F.cross_entropy(logits.float().flatten(0, 1), y.to(dev).flatten(), reduction="sum"))
+        count += y.numel()
+    return total / count

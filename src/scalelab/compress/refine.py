@@ -1,0 +1,87 @@
+"""End-to-end refinement of the low-rank factors (beyond the paper; METHODS §D, issue "Beyond the paper" (b)).
+
+SVD-LLM's factors are the exact optimum of each layer's own loss, taken on the uncompressed model's inputs. They are
+not the optimum of what matters downstream: errors compound through the blocks, and a layer's loss weighs every
+output direction alike. Here every `LowRankLinear`'s L and R are fitted jointly, with AdamW on calibration windows
+only, to the uncompressed model (the teacher):
+
+    logits   KL(p_teacher ‖ p_student) per token, averaged
+    blocks   Σ_l ‖h_l − ĥ_l‖² / ‖h_l‖² over the decoder blocks' outputs (student run on its own inputs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scalelab.compress.calibrate import Batch, decoder_blocks
+from scalelab.compress.lowrank import LowRankLinear
+from scalelab.config.compress import RefineConfig
+
+
+def _block_outputs(model: nn.Module) -> tuple[list[torch.Tensor], list]:
+    outs: list[torch.Tensor] = []
+
+    def keep(module: nn.Module, args: tuple, out) -> None:
+        outs.append(out[0] if isinstance(out, tuple) else out)
+
+    return outs, [b.register_forward_hook(keep) for b in decoder_blocks(model)]
+
+
+def _loss(student: nn.Module, teacher: nn.Module, x: torch.Tensor, target: str) -> torch.Tensor:
+    if target == "logits":
+        with torch.no_grad():
+            ref = F.log_softmax(teacher(input_ids=x, use_cache=False).logits.float(), -1)
+        out = F.log_softmax(student(input_ids=x, use_cache=False).logits.float(), -1)
+        return F.kl_div(out.flatten(0, 1), ref.flatten(0, 1), log_target=True, reduction="batchmean")
+    ref_outs, ref_hooks = _block_outputs(teacher)
+    outs, hooks = _block_outputs(student)
+    try:
+        with torch.no_grad():
+            teacher(input_ids=x, use_cache=False)
+        student(input_ids=x, use_cache=False)
+    finally:
+        for h in ref_hooks + hooks:
+            h.remove()
+    return sum(((o.float() - r.float()) ** 2).sum() / (r.float() ** 2).sum() for o, r in zip(outs, ref_outs))
+
+
+def refine(student: nn.Module, teacher: nn.Module, batches: Sequence[Batch], *, target: str, cfg: RefineConfig,
+           log: Callable[[str], None] = lambda s: None) -> dict:
+    """Fit the factors of `student`'s low-rank layers to `teacher` for `cfg.steps` AdamW steps; everything else
+    stays frozen. Returns the calibration objective before and after."""
+    if target not in ("logits", "blocks"):
+        raise ValueError(f"refine target {target!r}: expected 'logits' or 'blocks'")
+    dev = next(student.parameters()).device
+    factors = [p for m in student.modules() if isinstance(m, LowRankLinear) for p in m.parameters()]
+    frozen = [(p, p.requires_grad) for p in student.parameters()]
+    for p, _ in frozen:
+        p.requires_grad_(False)
+    for p in factors:
+        p.requires_grad_(True)
+    teacher.eval().requires_grad_(False)
+    x_all = torch.cat([x for x, _ in batches])
+    opt = torch.optim.AdamW(factors, lr=cfg.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(0)
+
+    def objective() -> float:
+        with torch.no_grad():
+            return sum(float(_loss(student, teacher, x.to(dev), target)) for x, _ in batches) / len(batches)
+
+    before = objective()
+    try:
+        for step in range(cfg.steps):
+            idx = torch.randperm(len(x_all), generator=gen)[: cfg.batch_size]
+            loss = _loss(student, teacher, x_all[idx].to(dev), target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    finally:
+        for p, flag in frozen:
+            p.requires_grad_(flag)
+    after = objective()
+    log(f"refine ({target}): calibration objective {before:.5f} → {after:.5f} in {cfg.steps} steps")
+    return {"objective_before": before, "objective_after": after}

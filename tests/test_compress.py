@@ -1,0 +1,370 @@
+"""SigmaScale and its SVD baselines (METHODS §D) on tiny random Llama and Qwen3 models built from configs."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from scalelab.compress import (
+    LowRankLinear, collect, compress_model, decoder_linears, effective_rank, fisher_rows, layer_loss,
+    participation_ratio, plain_svd, rank_for, save_lowrank, svd_llm,
+)
+from scalelab.compress import methods, rank
+from scalelab.config import MethodConfig, RefineConfig, SigmaScaleConfig
+
+D, FF, V = 32, 48, 96
+FAST_SIGMA = SigmaScaleConfig(lr=2e-2, max_steps=60, patience=20, tol=1e-4)  # the paper's optimiser, fewer steps
+
+
+def tiny(arch: str, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(vocab_size=V, hidden_size=D, intermediate_size=FF, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = (Qwen3ForCausalLM(Qwen3Config(**common)) if arch == "qwen3"
+             else LlamaForCausalLM(LlamaConfig(**common))).eval()
+    with torch.no_grad():  # trained models have outlier channels: spread the norm scales so inputs are anisotropic
+        for layer in model.model.layers:
+            layer.input_layernorm.weight.copy_(torch.randn(D).mul(0.8).exp())
+            layer.post_attention_layernorm.weight.copy_(torch.randn(D).mul(0.8).exp())
+    return model
+
+
+def batches(n: int = 4, b: int = 4, t: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, V, (b, t), generator=g), torch.randint(0, V, (b, t), generator=g)) for _ in range(n)]
+
+
+def copy_of(model):
+    clone = type(model)(model.config).eval()
+    clone.load_state_dict(model.state_dict())
+    return clone
+
+
+def logits(model, x):
+    with torch.no_grad():
+        return model(input_ids=x, use_cache=False).logits
+
+
+ARCHS = ["llama", "qwen3"]
+KINDS = ["svd", "asvd", "fwsvd", "svd_llm", "sigmascale"]
+
+
+@pytest.fixture(scope="module")
+def compressed():
+    """Every method at ρ = 0.5 on both architectures: (arch, method) -> (records, compressed model)."""
+    out = {}
+    for arch in ARCHS:
+        base = tiny(arch)
+        for name, spec in {**{k: MethodConfig(kind=k) for k in KINDS},
+                           "sigmascale_w": MethodConfig(kind="sigmascale", init="svd_llm")}.items():
+            model = copy_of(base)
+            records, _ = compress_model(model, batches(), spec, 0.5, sigma_cfg=FAST_SIGMA)
+            out[arch, name] = records, model
+    return out
+
+
+# ---------------------------------------------------------------- calibration statistics
+@pytest.mark.parametrize("arch", ARCHS)
+def test_streamed_gram_equals_the_inputs_gram(arch):
+    model, data = tiny(arch), batches()
+    names = [n for block in decoder_linears(model) for n in block]
+    assert len(names) == 14 and not any("embed" in n or "lm_head" in n for n in names)
+    seen = {n: [] for n in names}
+    hooks = [model.get_submodule(n).register_forward_pre_hook(lambda m, a, n=n: seen[n].append(a[0].reshape(-1, a[0].shape[-1])))
+             for n in names]
+    for x, _ in data:
+        logits(model, x)
+    for h in hooks:
+        h.remove()
+    for group in ([names[0], names[4]], names[7:]):  # a few blocks at a time, stopping each pass early
+        stats = collect(model, data, group)
+        for n in group:
+            xs = torch.cat(seen[n]).double()
+            torch.testing.assert_close(stats[n].gram, xs.T @ xs)
+            torch.testing.assert_close(stats[n].abs_mean, xs.abs().mean(0))
+    stats = collect(model, data, names)
+    assert stats[names[0]] is stats[names[1]] is stats[names[2]]  # q, k, v read one tensor: one set of statistics
+    assert stats[names[4]] is stats[names[5]] and stats[names[3]] is not stats[names[0]]
+
+
+def test_fisher_rows_are_per_sequence_squared_gradients():
+    model, data = tiny("llama"), batches(n=1, b=3)
+    name = "model.layers.1.mlp.down_proj"
+    rows = fisher_rows(model, data, [name])[name]
+    weight = model.get_submodule(name).weight
+    x, y = data[0]
+    expect = torch.zeros_like(rows)
+    for b in range(x.shape[0]):  # direct autograd, one sequence at a time
+        out = model(input_ids=x[b : b + 1], use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(out[0], y[b])
+        (g,) = torch.autograd.grad(loss, weight)
+        expect += g.double().square().sum(1)
+    torch.testing.assert_close(rows, expect, rtol=1e-4, atol=1e-12)
+    assert all(p.requires_grad for p in model.parameters())  # left as it found them
+
+
+# ---------------------------------------------------------------- the methods' defining properties
+def _layer(arch="qwen3", name="model.layers.0.mlp.down_proj"):
+    model = tiny(arch)
+    return model.get_submodule(name).weight.detach(), collect(model, batches(), [name])[name]
+
+
+def test_svd_llm_loss_is_the_discarded_singular_values_of_whitened_w():
+    w, stats = _layer()
+    s = torch.linalg.cholesky(stats.gram)  # the test's own whitening
+    sigma = torch.linalg.svdvals(w.double() @ s)
+    m, n = w.shape
+    for k in (1, 5, 17):
+        f = svd_llm(w, k, stats.gram)
+        expect = float((sigma[k:] ** 2).sum()) / (m * n)
+        assert layer_loss(w, f.left, f.right, stats.gram) == pytest.approx(expect, rel=1e-9)
+        assert methods.svd_llm_loss(w, k, stats.gram) == pytest.approx(expect, rel=1e-9)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_no_method_beats_svd_llm_on_the_calibration_loss(compressed, arch):
+    for name in [*KINDS, "sigmascale_w"]:
+        records, _ = compressed[arch, name]
+        for r in records:
+            assert r.loss >= r.loss_svd_llm * (1 - 1e-9), (name, r.name)
+    svd_llm_records, _ = compressed[arch, "svd_llm"]
+    assert all(r.loss_rel_svd_llm == pytest.approx(1, rel=1e-9) for r in svd_llm_records)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sigmascale_is_below_plain_svd(compressed, arch):
+    svd = {r.name: r.loss for r in compressed[arch, "svd"][0]}
+    ss = compressed[arch, "sigmascale"][0]
+    assert all(r.loss < svd[r.name] for r in ss)
+    assert sum(r.loss for r in ss) < 0.8 * sum(svd.values())  # a real gain, not init noise
+    assert all(r.info["steps"] >= 1 for r in ss)
+
+
+def test_sigmascale_from_svd_llm_never_ends_worse_than_svd_llm(compressed):
+    for arch in ARCHS:
+        for r in compressed[arch, "sigmascale_w"][0]:
+            assert r.loss_rel_svd_llm == pytest.approx(1, abs=1e-6)
+
+
+def test_asvd_with_alpha_zero_is_plain_svd():
+    w, stats = _layer()
+    a, p = methods.asvd(w, 7, stats.abs_mean, alpha=0.0), plain_svd(w, 7)
+    assert torch.equal(a.left, p.left) and torch.equal(a.right, p.right)
+    assert not torch.allclose(methods.asvd(w, 7, stats.abs_mean, alpha=0.5).left, p.left)
+
+
+def test_whitening_adds_jitter_only_when_needed():
+    x = torch.randn(6, 3, dtype=torch.float64)
+    s, eps = methods.whitening(x @ x.T)  # rank 3 of 6: singular
+    assert eps > 0 and torch.isfinite(s).all()
+    s, eps = methods.whitening(x.T @ x)
+    assert eps == 0 and torch.allclose(s @ s.T, x.T @ x)
+
+
+# ---------------------------------------------------------------- ranks, layers, spectra
+def test_rank_from_kept_fraction_and_exact_weight_count():
+    assert rank_for(32, 48, 0.5) == int(0.5 * 32 * 48 // 80) == 9
+    assert rank_for(32, 48, 1.0) is None  # ρ = 1: a factorisation saves nothing, the layer stays dense
+    layer = LowRankLinear(48, 32, 9)
+    assert sum(p.numel() for p in layer.parameters()) == 9 * (32 + 48)
+    assert rank.weights(32, 48, 9) <= 0.5 * 32 * 48
+
+
+def test_compressed_model_has_exactly_the_factor_weights(compressed):
+    base = tiny("qwen3")
+    records, model = compressed["qwen3", "svd"]
+    saved = sum(r.m * r.n - r.rank * (r.m + r.n) for r in records)
+    assert sum(p.numel() for p in base.parameters()) - sum(p.numel() for p in model.parameters()) == saved
+    assert all(isinstance(model.get_submodule(r.name), LowRankLinear) for r in records)
+
+
+def test_sensitivity_allocation_meets_the_budget_and_favours_sensitive_layers():
+    shapes = {"a": (32, 32), "b": (32, 32)}
+    sens = {"a": {0.25: 9.0, 0.5: 5.0, 0.75: 3.1, 1.0: 3.0},  # a hurts when truncated
+            "b": {0.25: 3.05, 0.5: 3.02, 0.75: 3.01, 1.0: 3.0}}  # b barely notices
+    ranks = rank.sensitivity(shapes, sens, 0.5)
+    cost = sum(rank.weights(32, 32, k) for k in ranks.values())
+    assert cost <= 0.5 * 2 * 32 * 32
+    assert (ranks["a"] or 32) > (ranks["b"] or 32)
+
+
+def test_effective_rank_of_known_spectra():
+    assert effective_rank(torch.ones(4)) == pytest.approx(4)
+    assert effective_rank(torch.tensor([2.0, 0.0, 0.0])) == pytest.approx(1)
+    assert effective_rank(torch.tensor([2.0, 1.0, 1.0])) == pytest.approx(2 ** 1.5)  # H = 1.5 ln 2
+    assert participation_ratio(torch.tensor([3.0, 1.0])) == pytest.approx(1.6)
+    u, _ = torch.linalg.qr(torch.randn(8, 8, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(5, 5, dtype=torch.float64))
+    m = u[:, :5] @ torch.diag(torch.tensor([4.0, 2.0, 1.0, 1.0, 0.0], dtype=torch.float64)) @ v.T
+    assert effective_rank(torch.linalg.svdvals(m)) == pytest.approx(math.exp(-(0.5 * math.log(0.5)
+                                                                                + 0.25 * math.log(0.25)
+                                                                                + 2 * 0.125 * math.log(0.125))))
+
+
+# ---------------------------------------------------------------- whole models
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_method_at_full_rank_reproduces_the_logits(arch):
+    base, data = tiny(arch), batches()
+    x = data[0][0]
+    ref = logits(base, x)
+    full = {n: min(base.get_submodule(n).weight.shape) for b in decoder_linears(base) for n in b}
+    for kind in KINDS:
+        model = copy_of(base)
+        compress_model(model, data, MethodConfig(kind=kind), 1.0, ranks=full,
+                       sigma_cfg=SigmaScaleConfig(max_steps=3))
+        torch.testing.assert_close(logits(model, x), ref, atol=2e-5, rtol=1e-4, msg=kind)
+    model = copy_of(base)
+    records, _ = compress_model(model, data, MethodConfig(kind="sigmascale"), 1.0)  # ρ = 1: nothing truncated
+    assert all(r.rank is None for r in records) and torch.equal(logits(model, x), ref)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compressed_model_reloads_in_scalelab_and_transformers(compressed, arch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from scalelab.compress.lowrank import RANKS_KEY, num_params
+    from scalelab.model.hf import load_causal_lm
+
+    records, model = compressed[arch, "svd_llm"]
+    save_lowrank(model, tmp_path)
+    x = batches()[0][0]
+    ref = logits(model, x)
+    for loaded in (load_causal_lm(tmp_path), AutoModelForCausalLM.from_pretrained(tmp_path)):
+        assert torch.equal(logits(loaded, x), ref)
+        assert num_params(loaded) == num_params(model) < num_params(tiny(arch))
+        assert getattr(loaded.config, RANKS_KEY) == {r.name: r.rank for r in records}
+
+
+def test_refinement_lowers_the_end_to_end_objective():
+    from scalelab.compress.refine import refine
+
+    base, data = tiny("llama"), batches()
+    model = copy_of(base)
+    compress_model(model, data, MethodConfig(kind="svd_llm"), 0.5)
+    for target in ("logits", "blocks"):
+        result = refine(model, base, data, target=target, cfg=RefineConfig(steps=30, lr=3e-3, batch_size=8))
+        assert result["objective_after"] < 0.9 * result["objective_before"], target
+    assert all(p.requires_grad for p in model.parameters())
+
+
+# ---------------------------------------------------------------- the stage's cell: data and params
+def _hf_folder(tmp_path, arch="llama"):
+    """A tiny causal LM with its own word-level tokenizer, saved like a user's local model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<eos>", "<unk>"] + [f"w{i}" for i in range(V - 2)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "model"
+    tiny(arch).save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+def _cfg(folder, **over):
+    from scalelab.config import CompressConfig
+
+    raw = {"source": {"path": str(folder)}, "source_dep": str(folder),
+           "methods": {"fwsvd": {"kind": "fwsvd"}, "svd_llm": {"kind": "svd_llm"}},
+           "calibration": {"samples": 8, "seq_len": 16, "batch_size": 4},
+           "allocation": {"kind": "sensitivity", "ratios": [0.25, 0.5, 0.75, 1.0], "samples": 4},
+           "eval": {"seq_len": 16, "val_tokens": 256, "batch_size": 8},
+           "grid": {"methods": ["fwsvd"], "keep": [0.5]}}
+    return CompressConfig.model_validate({**raw, **over})
+
+
+def test_calibration_never_reads_the_validation_split(tmp_path, monkeypatch):
+    """Changing only the validation tokens leaves the compressed weights bit-identical: calibration, sensitivity
+    allocation and Fisher weights all come from train windows."""
+    from safetensors.torch import load_file
+
+    from scalelab.compress import cell
+    from scalelab.compress.data import Streams
+
+    folder, rng = _hf_folder(tmp_path), np.random.default_rng(0)
+    train = rng.integers(0, V, 4000).astype(np.uint16)
+    weights = []
+    for val_seed in (1, 2):
+        val = np.random.default_rng(val_seed).integers(0, V, 600).astype(np.uint16)
+        monkeypatch.setattr(cell, "streams", lambda cfg, tok, val=val: Streams(train, val, V))
+        metrics, _ = cell.run_cell(_cfg(folder), "fwsvd", "0.5", 0, tmp_path / f"out{val_seed}", log=lambda s: None)
+        weights.append(load_file(tmp_path / f"out{val_seed}" / "model" / "model.safetensors"))
+        assert metrics["linear_weights_kept"] <= 0.5 and metrics["params"] < metrics["params_dense"]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_model_from_a_local_path_is_calibrated_in_its_own_tokens(tmp_path, monkeypatch):
+    import polars as pl
+
+    from scalelab.compress import cell
+
+    folder = _hf_folder(tmp_path)
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 60), ("val", 20)):
+        docs = [" ".join(f"w{i}" for i in rng.integers(0, V - 2, 40)) for _ in range(n)]
+        pl.DataFrame({"text": docs}).write_parquet(prepared / f"{split}.parquet")
+    monkeypatch.setattr(cell, "PREPARED", prepared)
+    metrics, records = cell.run_cell(_cfg(folder, allocation={"kind": "uniform"}), "svd_llm", "0.5", 0,
+                                      tmp_path / "out", log=lambda s: None)
+    assert math.isfinite(metrics["ppl"]) and metrics["ppl"] > 1 and len(records) == 14
+    assert (tmp_path / "out" / "model" / "tokenizer.json").is_file()
+
+
+def test_bad_compress_params_are_named():
+    import yaml
+
+    from conftest import MICRO
+    from scalelab.config import ParamsError, parse_params
+
+    def micro_raw():
+        return yaml.safe_load(MICRO.read_text())
+
+    raw = micro_raw()
+    raw["compress"]["grid"]["methods"].append("sigmascal")
+    with pytest.raises(ParamsError, match="compress.*unknown methods.*sigmascal"):
+        parse_params(raw)
+    raw = micro_raw()
+    raw["compress"]["source_dep"] = "data/pretrain/other/model/hf"
+    with pytest.raises(ParamsError, match="compress.*source_dep"):
+        parse_params(raw)
+
+
+def test_summary_claims_follow_the_measured_differences(tmp_path):
+    from scalelab.compress import summary
+    from scalelab.config import CompressConfig
+    from scalelab.evaluate import claims
+
+    nll = {"svd_llm": 4.0, "sigmascale": 4.1, "fwsvd": 4.2, "asvd": 4.3, "svd": 4.5, "svd_llm_e2e": 4.05}
+    cells, layers = [], {}
+    for method, value in nll.items():
+        for seed in (0, 1, 2):
+            v = value + 0.01 * seed
+            cells.append({"method": method, "kind": method, "keep": 0.5, "seed": seed, "val_nll": v,
+                          "ppl": math.exp(v), "ppl_dense": 50.0, "loss_rel_svd_llm": 1.0, "seconds": 1.0})
+            # a method's loss falls with its erank ratio: the claimed correlation, exactly
+            ratio = {"svd": 1.0}.get(method, 0.5 + 0.1 * (value - 4))
+            layers[method, 0.5, seed] = [{"name": f"l{i}", "rank": 3, "loss": ratio * (i + 1), "loss_rel_svd_llm": 1.0,
+                                          "erank_before": 10.0, "erank_after": 10.0 * ratio, "seconds": 0.1}
+                                         for i in range(4)]
+    cfg = CompressConfig.model_validate({"methods": {m: {"kind": "svd_llm" if m == "svd_llm_e2e" else m,
+                                                         **({"refine": "blocks"} if m == "svd_llm_e2e" else {})}
+                                                     for m in nll},
+                                         "grid": {"methods": list(nll), "keep": [0.5], "seeds": [0, 1, 2]}})
+    table, layer_table = summary.cells_table(cells), summary.layers_table(layers)
+    entries = {s["id"]: claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"])
+               for s in summary.claim_specs(table, layer_table, cfg)}
+    assert entries["d.order.svd_llm.sigmascale@0.5"]["effect"] == pytest.approx(0.1)
+    beyond = entries.pop("d.beyond.svd_llm_e2e.svd_llm@0.5")
+    assert beyond["effect"] == pytest.approx(-0.05) and beyond["verdict"] == "contradicted"  # worse than SVD-LLM
+    assert len(entries) == 6 and all(e["verdict"] == "reproduced" for e in entries.values()), entries
+    assert entries["d.erank_loss"]["effect"] == pytest.approx(1.0)
+    summary.plot_ppl(summary.by_method(table), 50.0, tmp_path / "ppl.png")
+    assert summary.plot_erank(layer_table, tmp_path / "erank.png") == pytest.approx(1.0)
+    assert (tmp_path / "ppl.png").stat().st_size > 0 and (tmp_path / "erank.png").stat().st_size > 0
