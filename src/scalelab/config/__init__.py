@@ -11,6 +11,9 @@ from scalelab.config.compress import (
 )
 from scalelab.config.data import CorpusConfig, PrepareConfig, TokenizeConfig, TokenizerConfig
 from scalelab.config.evaluate import EvalModelConfig, EvaluateConfig, LmEvalConfig, ZeroShotConfig
+from scalelab.config.hidden_decoding import (
+    CellConfig, HDClaimsConfig, HDTrainConfig, HiddenDecodingConfig, HiddenDecodingModelConfig, StreamsConfig,
+)
 from scalelab.config.model import ArchConfig, ModelConfig, MoEConfig, ScaleConfig, SizeConfig
 from scalelab.config.optim import OptimizerConfig, ScheduleConfig
 from scalelab.config.params import Params, TrackingConfig, load_params, parse_params
@@ -25,4 +28,6 @@ __all__ = [
     "AllocationConfig", "CalibrationConfig", "CompressConfig", "CompressGrid", "EvalConfig", "MethodConfig",
     "RefineConfig", "SigmaScaleConfig",
     "EvalModelConfig", "EvaluateConfig", "LmEvalConfig", "ZeroShotConfig",
+    "CellConfig", "HDClaimsConfig", "HDTrainConfig", "HiddenDecodingConfig", "HiddenDecodingModelConfig",
+    "StreamsConfig",
 ]

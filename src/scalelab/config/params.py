@@ -13,6 +13,7 @@ from scalelab.config.base import NonNegInt, ParamsError, Strict
 from scalelab.config.compress import CompressConfig
 from scalelab.config.data import PrepareConfig, TokenizeConfig, TokenizerConfig
 from scalelab.config.evaluate import EvaluateConfig
+from scalelab.config.hidden_decoding import HiddenDecodingConfig
 from scalelab.config.model import ArchConfig, ModelConfig
 from scalelab.config.optim import OptimizerConfig
 from scalelab.config.pretrain import PretrainConfig, ScalingConfig
@@ -34,6 +35,7 @@ class Params(Strict):
     scaling: ScalingConfig = ScalingConfig()
     compress: CompressConfig | None = None  # METHODS §D
     evaluate: EvaluateConfig | None = None  # evaluation cells and the report (config/evaluate.py)
+    hidden_decoding: HiddenDecodingConfig | None = None  # METHODS §C
 
     @model_validator(mode="after")
     def _cross_check(self) -> "Params":

@@ -50,6 +50,18 @@ def load_hf_tokenizer(source: str | os.PathLike):
         raise ModelLoadError(f"cannot load tokenizer {source!r}: {str(err).splitlines()[0]}") from None
 
 
+def load_hf_config(source: str | os.PathLike):
+    """The model config (config.json) of a folder or hub id, without loading weights."""
+    from transformers import AutoConfig
+
+    source = str(source)
+    try:
+        return AutoConfig.from_pretrained(source, **{k: v for k, v in _kwargs(source).items()
+                                                     if k != "use_safetensors"})
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load model config {source!r}: {str(err).splitlines()[0]}") from None
+
+
 @torch.no_grad()
 def mean_nll(model, batches) -> float:
     """Mean next-token cross-entropy (nats per token) of a causal LM over (input ids, targets) batches, e.g. the

@@ -30,7 +30,9 @@ class LitLM(L.LightningModule):
         self.model = model
         self.optimizer_cfg, self.scale_cfg, self.schedule = optimizer, scale, schedule
         self.total_steps, self.accumulate, self.grad_clip = total_steps, accumulate, grad_clip
-        self.aux_coef = model.cfg.moe.aux_loss_coef if model.cfg.moe is not None else 0.0
+        # weight of out.aux_loss inside out.loss (MoE balance; Hidden Decoding's hidden-stream CE): logged apart
+        self.aux_coef = (model.aux_loss_coef if hasattr(model, "aux_loss_coef")
+                         else model.cfg.moe.aux_loss_coef if model.cfg.moe is not None else 0.0)
         self.step = 0  # optimizer steps completed (restored from checkpoints)
         self.step_metrics: dict[str, float] = {}  # this step's metrics; callbacks add theirs, MetricsFile logs them
 

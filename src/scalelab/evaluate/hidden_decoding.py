@@ -1,0 +1,173 @@
+"""Hidden Decoding results (METHODS §C reproduction target): last-stream validation loss by n at equal tokens and at
+equal training FLOPs, SFA against full attention, their claims-ledger entries and plots.
+
+Roles of the grid's cells, read from their params (hidden_decoding.cells):
+    base[n]     n streams, SFA, the base token budget           equal tokens: base[1] vs base[n]
+    full[n]     n streams, full attention, the base budget      SFA vs full:  base[n] vs full[n]
+    control[n]  one stream, FLOPs matched to base[n]            equal FLOPs:  control[n] vs base[n]
+Every comparison is paired by seed: cells of one seed continue the same backbone on the same batches.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+from scalelab.config import HiddenDecodingConfig
+from scalelab.evaluate import claims as ledger
+
+PUBLISHED = ("Sequential Hidden Decoding (Qwen3-8B, n = 2/4/8): BBH 78.8 → 81.3/83.0/83.9, "
+             "HellaSwag 79.7 → 83.1/85.0/85.3")
+PUBLISHED_SFA = "Hidden Decoding (WeLM-HD4): SFA in place of full attention at n = 4 (numbers not public here)"
+
+
+def roles(hd: HiddenDecodingConfig) -> dict[str, dict[int, str]]:
+    """{"base", "full", "control"} → {n_streams: cell name} over the cells of `hd.grid` (first one wins)."""
+    out: dict[str, dict[int, str]] = {"base": {}, "full": {}, "control": {}}
+    for name in hd.grid:
+        c = hd.cells[name]
+        if c.flops_of is None:
+            out["base" if c.attention == "sfa" else "full"].setdefault(c.n_streams, name)
+        elif c.n_streams == 1 and c.flops_of.attention == "sfa":
+            out["control"].setdefault(c.flops_of.n_streams, name)
+    return out
+
+
+def collect(metrics_dir: str | Path, hd: HiddenDecodingConfig) -> dict[str, dict[int, dict]]:
+    """{cell: {seed: metrics}} from metrics/hidden_decoding/<cell>-<seed>.json of the current grid; a missing file
+    is an error naming it (files of cells no longer in the grid are ignored)."""
+    out: dict[str, dict[int, dict]] = {}
+    for cell in hd.grid:
+        for seed in hd.seeds:
+            path = Path(metrics_dir) / f"{cell}-{seed}.json"
+            if not path.is_file():
+                raise ValueError(f"{path}: missing; run the hidden_decoding stage of this cell first")
+            m = json.loads(path.read_text())
+            if m.get("val_loss") is None:
+                raise ValueError(f"{path}: no val_loss; was it written by stages/hidden_decoding.py?")
+            out.setdefault(cell, {})[seed] = m
+    return out
+
+
+def _paired(cells: dict[str, dict[int, dict]], a: str, b: str) -> list[float]:
+    """Per-seed loss(a) − loss(b): positive when b is better."""
+    return [cells[a][s]["val_loss"] - cells[b][s]["val_loss"] for s in sorted(cells[a]) if s in cells[b]]
+
+
+def comparisons(cells: dict[str, dict[int, dict]], hd: HiddenDecodingConfig) -> dict[str, dict[int, list[float]]]:
+    """Per-seed differences by n: gain at equal tokens (loss n=1 − loss n), gain at equal FLOPs (loss of the
+    FLOP-matched n=1 control − loss n), and SFA − full (loss; negative when SFA is better)."""
+    r = roles(hd)
+    base1 = r["base"].get(1)
+    return {
+        "gain_tokens": {n: _paired(cells, base1, c) for n, c in r["base"].items() if n > 1 and base1},
+        "gain_flops": {n: _paired(cells, r["control"][n], c) for n, c in r["base"].items() if n in r["control"]},
+        "sfa_minus_full": {n: _paired(cells, c, r["full"][n]) for n, c in r["base"].items() if n in r["full"]},
+    }
+
+
+def claims(cmp: dict[str, dict[int, list[float]]], margin: float, level: float = 0.95) -> list[dict]:
+    """Ledger entries (scalelab.evaluate.claims): n beats n=1, and gains grow with n, at equal tokens and at equal
+    FLOPs; SFA within `margin` nats of full attention (non-inferiority: margin − (SFA − full) > 0)."""
+    out = []
+    for key, where in (("gain_tokens", "equal tokens"), ("gain_flops", "equal FLOPs")):
+        gains = cmp[key]
+        for n in sorted(gains):
+            out.append(ledger.claim(f"C.gain.{key.split('_')[1]}.n{n}",
+                                    f"n = {n} lowers last-stream val loss vs n = 1 at {where}",
+                                    "val_loss(n=1) − val_loss(n)", gains[n], PUBLISHED, level))
+        ns = sorted(gains)
+        for lo, hi in zip(ns, ns[1:]):
+            grow = [b - a for a, b in zip(gains[lo], gains[hi])]
+            out.append(ledger.claim(f"C.grows.{key.split('_')[1]}.n{lo}-n{hi}",
+                                    f"the gain grows with n at {where}: n = {hi} beats n = {lo}",
+                                    f"gain(n={hi}) − gain(n={lo})", grow, PUBLISHED, level))
+    for n, diffs in sorted(cmp["sfa_minus_full"].items()):
+        out.append(ledger.claim(f"C.sfa.n{n}",
+                                f"SFA within noise of full attention at n = {n} (margin {margin} nats)",
+                                "margin − (val_loss(SFA) − val_loss(full))", [margin - d for d in diffs],
+                                PUBLISHED_SFA, level))
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def table(cells: dict[str, dict[int, dict]], hd: HiddenDecodingConfig) -> list[dict]:
+    """One row per cell: its role, n, mean last-stream val loss over seeds, tokens, FLOPs."""
+    rows = []
+    for cell, by_seed in cells.items():
+        c, ms = hd.cells[cell], list(by_seed.values())
+        rows.append({"cell": cell, "n_streams": c.n_streams, "attention": c.attention,
+                     "flops_of": c.flops_of.n_streams if c.flops_of else None, "seeds": len(ms),
+                     "val_loss": _mean([m["val_loss"] for m in ms]),
+                     "val_loss_std": statistics.stdev([m["val_loss"] for m in ms]) if len(ms) > 1 else None,
+                     "tokens": ms[0]["tokens"], "flops": ms[0]["flops"], "steps": ms[0]["steps"]})
+    return rows
+
+
+def gain_rows(cmp: dict[str, dict[int, list[float]]]) -> list[dict]:
+    """Mean gain over seeds by n (n = 1 has gain 0 by definition): the gain-vs-n curve."""
+    ns = sorted({1, *cmp["gain_tokens"], *cmp["gain_flops"]})
+    return [{"n_streams": n,
+             "gain_tokens": 0.0 if n == 1 else _mean(cmp["gain_tokens"].get(n, [])),
+             "gain_flops": 0.0 if n == 1 else _mean(cmp["gain_flops"].get(n, [])),
+             "sfa_minus_full": _mean(cmp["sfa_minus_full"].get(n, []))} for n in ns]
+
+
+def write_csv(path: str | Path, rows: list[dict]) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows([{k: "" if v is None else v for k, v in r.items()} for r in rows])
+    tmp.replace(path)
+
+
+def read_curve(path: str | Path) -> list[tuple[float, float]]:
+    """(tokens, val_loss) at the validation steps of a cell's curve.csv."""
+    with open(path) as f:
+        return [(float(r["tokens"]), float(r["val_loss"])) for r in csv.DictReader(f) if r["val_loss"]]
+
+
+def plot(gains: list[dict], curves: dict[str, tuple[float, list[tuple[float, float]]]], out_dir: Path) -> list[Path]:
+    """gain_vs_n.png (gain at equal tokens and equal FLOPs against n) and curves.png (last-stream val loss against
+    tokens and FLOPs per cell); `curves`: cell → (FLOPs per token, [(tokens, val_loss)])."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for key, label in (("gain_tokens", "equal tokens"), ("gain_flops", "equal FLOPs")):
+        pts = [(g["n_streams"], g[key]) for g in gains if g[key] is not None]
+        ax.plot(*zip(*pts), "o-", label=label)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("streams n")
+    ax.set_ylabel("val loss(n=1) − val loss(n)  (nats)")
+    ax.set_title("Hidden Decoding: last-stream gain vs n")
+    ax.legend()
+    fig.tight_layout()
+    paths = [out_dir / "gain_vs_n.png", out_dir / "curves.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for cell, (fpt, pts) in curves.items():
+        tokens, loss = zip(*pts)
+        axes[0].plot(tokens, loss, "o-", label=cell, ms=3)
+        axes[1].plot([t * fpt for t in tokens], loss, "o-", label=cell, ms=3)
+    axes[0].set_xlabel("tokens")
+    axes[1].set_xlabel("training FLOPs (analytic)")
+    axes[1].set_xscale("log")
+    axes[0].set_ylabel("last-stream val loss (nats)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,247 @@
+"""Hidden Decoding (METHODS §C): n embedding streams through an unchanged Hugging Face Llama/Qwen3 backbone, with
+Stream-Factorized Attention (SFA).
+
+    token i  → n positions (i,1)..(i,n); position (i,s) is token i embedded by table E_s (E_1 is the backbone's own)
+    h        [B, n, T, d], stream-major: stream s of token i at h[:, s-1, i]
+    within-stream layer:  h.view(B·n, T, d), causal       (i,s) attends (j,s) for j ≤ i       cost linear in n
+    mixing layer:         h.view(B, n·T, d), boolean mask (i,s) attends (j,s') for j < i, and (i,s') for s' ≤ s
+    logits and loss only at (i,n), which predicts token i+1; (i,1..n-1) are hidden computation.
+    RoPE position of (i,s): i ("shared", the default) or n·i + s-1 ("interleaved").
+
+The decoder layers are the backbone's own modules, called one by one (no copy of their math) under their SDPA
+attention: `attention_mask=None` makes SDPA causal (`is_causal`), a boolean mask goes to SDPA as is. Stream-major
+layout makes the switch between the two layer kinds a free view. With n = 1 every layer runs the within-stream path,
+which is exactly the backbone's own forward: n = 1 computes the backbone's logits bit for bit.
+
+A scalelab pretrain cell enters through its folded Hugging Face export (Qwen3 with QK-norm, or Llama), so one
+implementation serves both scalelab and Hugging Face backbones.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scalelab.config import HiddenDecodingModelConfig
+from scalelab.model.transformer import ModelOutput
+
+BACKBONES = ("llama", "qwen3")
+
+
+def mixing_mask(q_tok: torch.Tensor, q_str: torch.Tensor, k_tok: torch.Tensor, k_str: torch.Tensor) -> torch.Tensor:
+    """METHODS §C mixing-layer mask [queries, keys] (True = may attend) from each entry's token and stream index:
+    (i,s) attends every (j,s') with j < i, and (i,s') with s' ≤ s."""
+    i, s = q_tok[:, None], q_str[:, None]
+    j, t = k_tok[None, :], k_str[None, :]
+    return (j < i) | ((j == i) & (t <= s))
+
+
+def attended_pairs(kind: str, n: int, T: int) -> int:
+    """(query, key) pairs one sequence of T tokens attends in one layer of `kind` ("within" or "mixing")."""
+    if kind == "within":  # n causal attentions over T positions
+        return n * T * (T + 1) // 2
+    # query (i,s), s = 1..n, sees n·i earlier entries and s of its own token
+    return n * n * T * (T - 1) // 2 + T * n * (n + 1) // 2
+
+
+def flops_per_token(config, cfg: HiddenDecodingModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward) of the n-stream model `cfg` on a backbone with Hugging Face
+    `config`, counted analytically: 6 × the weights each of the n positions passes (q, k, v, o, gate, up, down per
+    layer; the LM head once, on the last stream, plus once per hidden stream under the auxiliary loss), and
+    12 × heads·head_dim per attended (query, key) pair, counted by each layer's mask for windows of seq_len tokens."""
+    c, n = config, cfg.n_streams
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    H, Hkv, d, L = c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.num_hidden_layers
+    layer = d * hd * (2 * H + 2 * Hkv) + 3 * d * c.intermediate_size
+    heads = 1 + (n - 1 if cfg.aux_loss_weight else 0)
+    mixing = set(cfg.mixing(L))
+    pairs = sum(attended_pairs("mixing" if i in mixing else "within", n, seq_len) for i in range(L)) / seq_len
+    return 6.0 * (n * L * layer + heads * d * c.vocab_size) + 12.0 * H * hd * pairs
+
+
+class StreamCache:
+    """KV cache of an n-stream model: every layer keeps the keys and values of all n streams of every token seen.
+
+    Within-stream layers hold them per stream, [B·n, kv_heads, L, head_dim]: the row of stream s holds only stream
+    s's entries, so these layers read nothing else. Mixing layers hold one sequence, [B, kv_heads, entries,
+    head_dim]; `tokens`/`streams` give each entry's token and stream index (the same order in every mixing layer).
+    The backbone's attention modules call `update` (the one method of transformers' Cache protocol they use)."""
+
+    def __init__(self) -> None:
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tokens: torch.Tensor | None = None
+        self.streams: torch.Tensor | None = None
+        self.length = 0  # tokens seen
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if layer_idx in self.kv:
+            k0, v0 = self.kv[layer_idx]
+            k, v = torch.cat([k0, k], dim=2), torch.cat([v0, v], dim=2)
+        self.kv[layer_idx] = (k, v)
+        return k, v
+
+
+class HiddenDecodingLM(nn.Module):
+    """A Llama/Qwen3 causal LM (transformers) run as an n-stream Hidden Decoding model (METHODS §C).
+
+    `forward(idx, targets)` returns scalelab's ModelOutput: logits of the last stream [B, T, V] and the loss, so the
+    training layer takes this model like a `Transformer`."""
+
+    def __init__(self, backbone: nn.Module, cfg: HiddenDecodingModelConfig) -> None:
+        super().__init__()
+        c = backbone.config
+        if c.model_type not in BACKBONES:
+            raise ValueError(f"Hidden Decoding needs a Llama or Qwen3 backbone, got model_type {c.model_type!r}")
+        if any(t != "full_attention" for t in getattr(c, "layer_types", None) or []):
+            raise ValueError("Hidden Decoding: the backbone has sliding-window layers; only full attention is "
+                             "supported")
+        # Our masks rely on SDPA's semantics (None = causal); eager or flash kernels would ignore them.
+        backbone.set_attn_implementation("sdpa")
+        self.backbone, self.cfg, self.n = backbone, cfg, cfg.n_streams
+        self.n_layer = c.num_hidden_layers
+        mixing = cfg.mixing(self.n_layer)
+        # With one stream the mixing mask is the causal mask: every layer takes the backbone's own causal path.
+        self.mixing_layers = frozenset(mixing if self.n > 1 else ())
+        # E_2..E_n: copies of the backbone's table E_1 (optional noise). E_1 stays the backbone's (tied LM heads too).
+        e1 = backbone.get_input_embeddings().weight
+        self.extra_embeds = nn.ModuleList(nn.Embedding(*e1.shape, device=e1.device, dtype=e1.dtype)
+                                          for _ in range(self.n - 1))
+        with torch.no_grad():
+            for table in self.extra_embeds:
+                table.weight.copy_(e1 + cfg.embed_noise * e1.float().std() * torch.randn_like(e1))
+
+    # ---------------------------------------------------------------- layout
+    def embeddings(self) -> list[nn.Embedding]:
+        return [self.backbone.get_input_embeddings(), *self.extra_embeds]
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """[B, T] token ids → [B, n, T, d]: stream s reads table E_s."""
+        return torch.stack([table(idx) for table in self.embeddings()], dim=1)
+
+    def positions(self, tokens: torch.Tensor) -> torch.Tensor:
+        """RoPE positions [n, T] of the streams of `tokens` (token indices [T])."""
+        streams = torch.arange(self.n, device=tokens.device)[:, None]
+        if self.cfg.positions == "shared":
+            return tokens[None, :].expand(self.n, -1)
+        return self.n * tokens[None, :] + streams
+
+    def layer_kind(self, layer: int) -> str:
+        return "mixing" if layer in self.mixing_layers else "within"
+
+    # ---------------------------------------------------------------- the layer loop
+    def run_layers(self, h: torch.Tensor, cache: StreamCache | None = None,
+                   hidden_out: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Run the backbone's decoder layers on stream-major embeddings h [B, n, T, d] (tokens following those in
+        `cache`, which is updated); returns the residual stream before the final norm. `hidden_out` collects every
+        layer's output."""
+        B, n, T, d = h.shape
+        start = cache.length if cache is not None else 0
+        tok = torch.arange(start, start + T, device=h.device)
+        cos, sin = self.backbone.model.rotary_emb(h, self.positions(tok))  # [n, T, head_dim]
+        within_rope = (cos.repeat(B, 1, 1), sin.repeat(B, 1, 1))  # row b·n + s of the folded batch
+        mixing_rope = (cos.reshape(1, n * T, -1), sin.reshape(1, n * T, -1))
+        within_mask = mix_mask = None  # None: SDPA's causal path (no cache, or decoding one token)
+        if start and T > 1:  # several new tokens after cached ones: causal with an offset
+            within_mask = (torch.arange(start + T, device=h.device)[None, :] <= tok[:, None])[None, None]
+        if self.mixing_layers:
+            q_tok, q_str = tok.repeat(n), torch.arange(n, device=h.device).repeat_interleave(T)  # stream-major
+            k_tok, k_str = q_tok, q_str
+            if cache is not None:
+                if cache.tokens is not None:
+                    k_tok, k_str = torch.cat([cache.tokens, q_tok]), torch.cat([cache.streams, q_str])
+                cache.tokens, cache.streams = k_tok, k_str
+            mix_mask = mixing_mask(q_tok, q_str, k_tok, k_str)[None, None]
+        for i, layer in enumerate(self.backbone.model.layers):
+            if i in self.mixing_layers:
+                h = layer(h.reshape(B, n * T, d), attention_mask=mix_mask, position_embeddings=mixing_rope,
+                          past_key_values=cache)
+            else:
+                h = layer(h.reshape(B * n, T, d), attention_mask=within_mask, position_embeddings=within_rope,
+                          past_key_values=cache)
+            h = h.view(B, n, T, d)
+            if hidden_out is not None:
+                hidden_out.append(h)
+        if cache is not None:
+            cache.length += T
+        return h
+
+    def stream_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head on [..., d]."""
+        return self.backbone.lm_head(self.backbone.model.norm(h))
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
+        """idx [B, T]; targets [B, T] (-100 = ignored). Logits and loss of the last stream only (METHODS §C); with
+        `aux_loss_weight` > 0, the loss adds that weight times the mean CE of streams 1..n-1 (`aux_loss`)."""
+        h = self.run_layers(self.embed(idx))
+        logits = self.stream_logits(h[:, -1])
+        loss, aux = None, logits.new_zeros((), dtype=torch.float32)
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+            if self.aux_loss_coef and self.n > 1:
+                hidden = self.stream_logits(h[:, :-1]).float()  # [B, n-1, T, V]
+                aux = F.cross_entropy(hidden.flatten(0, 2), targets[:, None].expand(-1, self.n - 1, -1).flatten(),
+                                      ignore_index=-100)
+                loss = loss + self.aux_loss_coef * aux
+        return ModelOutput(logits, loss, aux)
+
+    @property
+    def aux_loss_coef(self) -> float:
+        """Weight of `aux_loss` inside `loss` (the trainer logs the last-stream CE apart)."""
+        return self.cfg.aux_loss_weight
+
+    # ---------------------------------------------------------------- decoding
+    @torch.no_grad()
+    def step(self, idx: torch.Tensor, cache: StreamCache) -> torch.Tensor:
+        """Last-stream logits [B, T, V] of tokens idx [B, T] that follow the cached ones; updates the cache."""
+        return self.stream_logits(self.run_layers(self.embed(idx), cache)[:, -1])
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue idx [B, T] by `max_new_tokens`: greedy at temperature 0, else sampling (optionally top-k).
+        One forward over the prompt, then one token (n positions) per step against the KV cache."""
+        cache = StreamCache()
+        logits = self.step(idx, cache)[:, -1]
+        out = [idx]
+        for k in range(max_new_tokens):
+            if temperature == 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits.float() / temperature
+                if top_k is not None:
+                    kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            out.append(nxt)
+            if k + 1 < max_new_tokens:
+                logits = self.step(nxt, cache)[:, -1]
+        return torch.cat(out, dim=1)
+
+    # ---------------------------------------------------------------- accounting, for the trainer and optimizer
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # tied weights once
+        if non_embedding:
+            n -= sum(t.weight.numel() for t in self.embeddings())
+            if not self.backbone.config.tie_word_embeddings:
+                n -= self.backbone.lm_head.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        return flops_per_token(self.backbone.config, self.cfg, seq_len)
+
+    def param_kind(self, name: str) -> str:
+        """The optimizer kind (scalelab.optim) of a parameter: embedding tables and LM head "embedding", matrices
+        "matrix", QK-norm γ "output_scale" (attention temperature), other norm γ "input_scale"; vectors that are
+        neither (biases) "output_scale", i.e. AdamW without decay by default."""
+        if not hasattr(self, "_ndim"):
+            self._ndim = {k: p.ndim for k, p in self.named_parameters()}
+        if name not in self._ndim:
+            raise KeyError(f"{name!r} is not a parameter of this model")
+        if name.startswith("extra_embeds.") or name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            return "embedding"
+        if self._ndim[name] >= 2:
+            return "matrix"
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            return "output_scale"
+        return "input_scale" if name.endswith("norm.weight") else "output_scale"

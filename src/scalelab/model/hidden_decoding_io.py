@@ -1,0 +1,67 @@
+"""Hidden Decoding models in and out (METHODS §C): built on a backbone from a ModelSource, saved as Hugging Face
+safetensors plus the extra embedding tables and the stream config.
+
+A saved folder is the backbone's own Hugging Face checkpoint (E_1 as its `embed_tokens`, so transformers still
+loads it as the plain model) with two files beside it:
+    hidden_decoding.safetensors   E_2..E_n as `extra_embeds.<k>.weight`
+    hidden_decoding.json          {"format", "format_version", "model": n_streams, attention, mixing layers, ...}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from scalelab.config import HiddenDecodingModelConfig, ModelSource
+from scalelab.model.hf import load_causal_lm
+from scalelab.model.hidden_decoding import HiddenDecodingLM
+
+FORMAT, FORMAT_VERSION = "scalelab-hidden-decoding", 1
+CONFIG_NAME, WEIGHTS_NAME = "hidden_decoding.json", "hidden_decoding.safetensors"
+
+
+def from_source(source: ModelSource, cfg: HiddenDecodingModelConfig,
+                device: str | torch.device = "cpu") -> HiddenDecodingLM:
+    """An n-stream model on a fresh backbone: a pretrain cell's Hugging Face export, or a Llama/Qwen3 folder or hub
+    id (safetensors, no remote code). The extra tables start as copies of the backbone's (torch's RNG draws the
+    noise)."""
+    return HiddenDecodingLM(load_causal_lm(source.location(), source.dtype, device), cfg)
+
+
+def save_hidden_decoding(model: HiddenDecodingLM, out_dir: str | os.PathLike, tokenizer=None) -> None:
+    """Write the backbone (Hugging Face format), the extra tables and the stream config; the tokenizer when given."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.backbone.save_pretrained(out_dir, safe_serialization=True)
+    tables = {f"extra_embeds.{k}.weight": t.weight.detach().contiguous() for k, t in enumerate(model.extra_embeds)}
+    save_file(tables, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.cfg.model_dump(mode="json"),
+            "mixing_layers": sorted(model.mixing_layers)}  # as resolved for this backbone
+    (out_dir / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+
+
+def load_hidden_decoding(path: str | os.PathLike, dtype: str = "float32",
+                         device: str | torch.device = "cpu") -> HiddenDecodingLM:
+    """Rebuild a model written by `save_hidden_decoding` (weights only; every table must be there)."""
+    path = Path(path)
+    if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"{path}: needs {CONFIG_NAME} and {WEIGHTS_NAME} beside the Hugging Face files "
+                                "(a folder written by save_hidden_decoding)")
+    meta = json.loads((path / CONFIG_NAME).read_text())
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path / CONFIG_NAME}: format {meta.get('format')!r} version {meta.get('format_version')!r}, "
+                         f"expected {FORMAT!r} version {FORMAT_VERSION}")
+    cfg = HiddenDecodingModelConfig.model_validate(meta["model"])
+    model = HiddenDecodingLM(load_causal_lm(path, dtype, device), cfg)
+    tables = load_file(str(path / WEIGHTS_NAME), device=str(device))
+    expected = {f"extra_embeds.{k}.weight" for k in range(len(model.extra_embeds))}
+    if set(tables) != expected:
+        raise ValueError(f"{path / WEIGHTS_NAME}: tables {sorted(tables)}, expected {sorted(expected)}")
+    model.extra_embeds.load_state_dict({k.removeprefix("extra_embeds."): v for k, v in tables.items()}, strict=True)
+    return model

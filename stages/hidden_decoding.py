@@ -1,0 +1,61 @@
+"""DVC stage `hidden_decoding`: continue the backbone as one Hidden Decoding cell (METHODS §C) and record its metrics.
+
+    python stages/hidden_decoding.py --cell n4 --seed 0
+
+Outs: data/hidden_decoding/<cell>-<seed>/{ckpt (persistent: a rerun resumes), model (Hugging Face folder with the
+extra embedding tables and hidden_decoding.json, curve.csv, metrics.json)}, metrics/hidden_decoding/<cell>-<seed>.json,
+plots/hidden_decoding/<cell>-<seed>.csv.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from scalelab.config import Params, ParamsError
+from scalelab.stage import stage_main
+
+
+def train(params: Params, args: argparse.Namespace) -> None:
+    hd = params.hidden_decoding
+    if hd is None:
+        raise ParamsError("params has no hidden_decoding section")
+    if args.cell not in hd.cells:
+        raise ParamsError(f"--cell {args.cell!r}: not in hidden_decoding.cells ({sorted(hd.cells)})")
+    model_cfg = hd.model(args.cell)
+
+    from scalelab import tracking
+    from scalelab.data import DataError, write_json_atomic
+    from scalelab.model.hf import ModelLoadError, load_hf_config
+    from scalelab.train.hidden_decoding import cell_steps, fit_cell, resume_run_id
+
+    name, shards = f"{args.cell}-{args.seed}", Path("data/tokens")
+    out_dir = Path("data/hidden_decoding") / name
+    try:
+        backbone_config = load_hf_config(hd.source.location())
+    except ModelLoadError as err:
+        raise DataError(str(err)) from None
+    steps = cell_steps(hd, args.cell, backbone_config)
+    logged = {"cell": {"name": args.cell, "seed": args.seed, "steps": steps},
+              "model": model_cfg.model_dump(mode="json"), "source": hd.source.model_dump(mode="json"),
+              "train": hd.train.model_dump(mode="json")}
+    run_id = resume_run_id(hd, args.cell, args.seed, out_dir, shards, backbone_config)
+    with tracking.stage_run(f"hidden_decoding@{name}", params=logged, experiment=params.tracking.experiment,
+                            deps=[str(shards / "meta.json"), hd.source_dep], run_id=run_id) as run:
+        metrics = fit_cell(hd, args.cell, args.seed, out_dir, shards, run,
+                           plot=Path("plots/hidden_decoding") / f"{name}.csv")
+        run.record(out_dir / "model")
+    write_json_atomic(Path("metrics/hidden_decoding") / f"{name}.json",
+                      {"cell": args.cell, "seed": args.seed, **metrics, "mlflow_run_id": run.run_id})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cell", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--params", default="params.yaml")
+    args = ap.parse_args()
+    return stage_main(lambda params: train(params, args), args.params, name="hidden_decoding")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

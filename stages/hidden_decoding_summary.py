@@ -1,0 +1,57 @@
+"""DVC stage `hidden_decoding_summary`: last-stream validation loss by n at equal tokens and at equal FLOPs, SFA vs
+full attention, and the claims ledger of METHODS §C.
+
+Outs: data/hidden_decoding_summary/{cells.csv, gain_vs_n.png, curves.png, mlflow_run.json},
+metrics/hidden_decoding.json, metrics/claims_c.json, plots/hidden_decoding_gain.csv.
+"""
+
+import sys
+from pathlib import Path
+
+from scalelab.config import Params, ParamsError
+from scalelab.stage import stage_main
+
+
+def main(params: Params) -> None:
+    hd = params.hidden_decoding
+    if hd is None:
+        raise ParamsError("params has no hidden_decoding section")
+
+    from scalelab import tracking
+    from scalelab.data import DataError, atomic_dir, write_json_atomic
+    from scalelab.evaluate import claims as ledger
+    from scalelab.evaluate import hidden_decoding as hdr
+
+    out = Path("data/hidden_decoding_summary")
+    logged = {"grid": hd.grid, "seeds": hd.seeds, "cells": {c: hd.cells[c].model_dump(mode="json") for c in hd.grid},
+              "claims": hd.claims.model_dump(mode="json")}
+    with tracking.stage_run("hidden_decoding_summary", params=logged, experiment=params.tracking.experiment,
+                            deps=["metrics/hidden_decoding"]) as run:
+        try:
+            cells = hdr.collect(Path("metrics/hidden_decoding"), hd)
+        except ValueError as err:
+            raise DataError(str(err)) from None
+        cmp = hdr.comparisons(cells, hd)
+        entries = hdr.claims(cmp, hd.claims.sfa_margin, hd.claims.level)
+        rows, gains = hdr.table(cells, hd), hdr.gain_rows(cmp)
+        plots = Path("plots/hidden_decoding")
+        curves = {f"{cell}-{seed}": (m["flops_per_token"], hdr.read_curve(plots / f"{cell}-{seed}.csv"))
+                  for cell, by_seed in cells.items() for seed, m in by_seed.items()}
+        with atomic_dir(out) as tmp:
+            hdr.write_csv(tmp / "cells.csv", rows)
+            hdr.plot(gains, curves, tmp)
+        Path("plots").mkdir(exist_ok=True)
+        hdr.write_csv("plots/hidden_decoding_gain.csv", gains)
+        for g in gains:  # gain against n as an MLflow curve (n as the step)
+            run.log_metrics({k: v for k, v in g.items() if k != "n_streams"}, step=g["n_streams"])
+        run.log_metrics({f"{r['cell']}.val_loss": r["val_loss"] for r in rows})
+        for png in ("gain_vs_n.png", "curves.png"):
+            run.log_artifact(out / png)
+        run.log_artifact(out / "gain_vs_n.png", parent=True)
+        run.record(out)
+    write_json_atomic("metrics/hidden_decoding.json", {"cells": rows, "gain_vs_n": gains})
+    ledger.write_claims("metrics/claims_c.json", entries)
+
+
+if __name__ == "__main__":
+    sys.exit(stage_main(main, name="hidden_decoding_summary"))
