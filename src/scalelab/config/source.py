@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import model_validator
 
-from scalelab.config.base import Strict
+from scalelab.config.base import NAME, Strict
 
 # A pretrain cell's folded Hugging Face export (Llama, or Qwen3 with QK-norm): written by the pretrain stage.
 CELL_EXPORT = "data/pretrain/{cell}/model/hf"
-NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # anything that reaches a command line or a path
 
 
 class ModelSource(Strict):
