@@ -1,5 +1,6 @@
 """What every DVC stage script shares (DESIGN "Contracts: a stage"): params validated before any compute, and bad
-input reported as one clear line, not a traceback.
+input reported as one clear line, not a traceback, with an exit code per kind of error (1 stays Python's own: a
+crash, a bug).
 
     def main(params: Params) -> None: ...
     if __name__ == "__main__":
@@ -13,21 +14,28 @@ from typing import Callable
 
 from scalelab.config import Params, ParamsError, load_params
 
-EXIT_PARAMS, EXIT_DATA = 2, 1
+EXIT_PARAMS = 2  # params: schema, YAML syntax, names (scalelab.config)
+EXIT_DATA = 3  # data and paths: corpus, shards, tokenizer, a seq_len the data cannot fill (scalelab.data.DataError)
+EXIT_NONFINITE = 4  # training diverged: a NaN/inf loss or gradient norm (the last good checkpoint is kept)
 
 
 def stage_main(body: Callable[[Params], None], params_path: str = "params.yaml", name: str | None = None) -> int:
-    """Load and validate `params_path`, then run `body(params)`. Exit 2 on a params error (before any compute: the
-    stage writes nothing), 1 on a data error; the message names what is wrong."""
+    """Load and validate `params_path`, then run `body(params)`. Exit EXIT_PARAMS on a params error (before any
+    compute: the stage writes nothing), EXIT_DATA on a data error, EXIT_NONFINITE when training diverges; the one-line
+    message names what is wrong."""
+    return reported(name or sys.argv[0], lambda: body(load_params(params_path)))
+
+
+def reported(name: str, fn: Callable[[], object]) -> int:
+    """Run `fn`; a params, data or non-finite-training error becomes one line `name: message` on stderr and its exit
+    code (anything else is a bug and keeps its traceback)."""
     from scalelab.data import DataError  # light: scalelab.data loads its submodules on first use
 
-    name = name or sys.argv[0]
+    # FloatingPointError: NonFiniteGuard, an expected outcome of bad hyperparameters, not a bug
+    codes = ((ParamsError, EXIT_PARAMS), (DataError, EXIT_DATA), (FloatingPointError, EXIT_NONFINITE))
     try:
-        body(load_params(params_path))
-    except ParamsError as err:
+        fn()
+    except (ParamsError, DataError, FloatingPointError) as err:
         print(f"{name}: {err}", file=sys.stderr)
-        return EXIT_PARAMS
-    except DataError as err:
-        print(f"{name}: {err}", file=sys.stderr)
-        return EXIT_DATA
+        return next(code for kind, code in codes if isinstance(err, kind))
     return 0
