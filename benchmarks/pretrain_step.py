@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from scalelab.config import load_params
-from scalelab.data.corpus import prepare_corpus
+from scalelab.data.corpus import prepare_corpus, read_prepared
 from scalelab.data.tokenizer import build_tokenizer, eot_id
 from scalelab.data.loader import open_shards, train_batch
 from scalelab.data.shards import tokenize_splits
@@ -35,8 +35,8 @@ def shards_dir(params, work: Path) -> Path:
     """The pipeline's shards when built, else the same corpus tokenized into `work`."""
     if Path("data/tokens/meta.json").is_file():
         return Path("data/tokens")
-    corpus = prepare_corpus(params.prepare)
-    train, val = corpus.train["text"].to_list(), corpus.val["text"].to_list()
+    prepare_corpus(params.prepare, work / "prepared")
+    train, val = (read_prepared(work / "prepared", split) for split in ("train", "val"))
     tok = build_tokenizer(params.tokenizer, train)
     tokenize_splits(tok, {"train": train, "val": val}, work / "tokens", eot_id=eot_id(tok, params.tokenizer.eot_token),
                     batch_size=params.tokenize.batch_size, tokenizer_sha256="bench")

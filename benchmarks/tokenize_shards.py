@@ -31,8 +31,9 @@ def corpus_and_tokenizer() -> tuple[dict[str, list[str]], str, str]:
     if (root / "prepared/val.parquet").is_file() and (root / "tokenizer/tokenizer.json").is_file():
         splits = {name: read_prepared(root / "prepared", name) for name in ("train", "val")}
         return splits, (root / "tokenizer/tokenizer.json").read_text(), "data/prepared + data/tokenizer"
-    corpus = prepare_corpus(PrepareConfig())
-    splits = {name: getattr(corpus, name)["text"].to_list() for name in ("train", "val")}
+    with tempfile.TemporaryDirectory() as prepared:
+        prepare_corpus(PrepareConfig(), prepared)
+        splits = {name: read_prepared(prepared, name) for name in ("train", "val")}
     return splits, build_tokenizer(TokenizerConfig(), splits["train"]).to_str(), "default corpus, fresh BPE"
 
 

