@@ -33,7 +33,7 @@ from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from scalelab import dashboard, project_root
+from scalelab import dashboard, orphans, project_root
 
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
@@ -137,6 +137,10 @@ def _connect(experiment: str) -> tuple[MlflowClient, str]:
     dashboard.ensure_experiment(client, exp.experiment_id, exp.tags)  # kind, primary metric, saved view
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
+    try:  # runs left RUNNING by a kill or an outage get their status; best effort, never in the way
+        orphans.sweep(client, exp.experiment_id, uri)
+    except Exception as err:
+        warnings.warn(f"could not close MLflow runs left RUNNING ({type(err).__name__}: {err})", RuntimeWarning)
     return client, exp.experiment_id
 
 
@@ -185,6 +189,7 @@ class StageRun:
             if not parent:
                 parent = self._parent = _repro_parent(client, self.experiment_id, create=True)
                 client.update_run(parent, status="RUNNING")
+                client.set_tag(parent, orphans.OWNER_TAG, orphans.owner())  # held by this stage while it runs
             tags[MLFLOW_PARENT_RUN_ID] = self.parent_id = parent
         if run_id:  # resume: continue the run stored beside the checkpoint
             try:
@@ -197,7 +202,7 @@ class StageRun:
                 run_id = None
         self.run_id = run_id or client.create_run(self.experiment_id, run_name=name).info.run_id
         self._client = client
-        self.set_tags(tags)
+        self.set_tags({**tags, orphans.OWNER_TAG: orphans.owner()})
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(k[:MAX_KEY], str(v)[:MAX_PARAM]) for k, v in flatten(params).items() if k not in self._logged]
@@ -280,6 +285,8 @@ class StageRun:
         self._call("set_terminated", self.run_id, status)
         if self._parent:  # a plain repro's parent shows how its latest stage ended
             self._call("set_terminated", self._parent, status)
+        if self._client is None and self._active and self.run_id:  # the store went away: the next contact closes them
+            orphans.defer(tracking_uri(), [(self.run_id, status), *([(self._parent, status)] if self._parent else [])])
         if self._active and self.run_id and os.environ.get(RUN_ENV) == self.run_id:
             del os.environ[RUN_ENV]
 
