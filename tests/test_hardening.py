@@ -1,0 +1,534 @@
+"""Fault-injection hardening (issue 12): each test replays one failure found by killing, corrupting and mistyping,
+and checks the guarantee the README's "Reliability" section states."""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import get_args
+
+import networkx as nx
+import numpy as np
+import pytest
+import yaml
+from conftest import MICRO, ROOT
+from lightning.pytorch.callbacks import Callback
+from mlflow import MlflowClient
+from test_tracking import db, project  # noqa: F401  (fixtures: a shared sqlite store, a project root per test)
+from test_train import FailAt, make_shards, micro_raw
+from workspace import workspace_copy
+
+from scalelab import tracking
+from scalelab.config import CorpusConfig, ParamsError, PrepareConfig, PretrainConfig, load_params, parse_params
+from scalelab.data import DataError
+from scalelab.train import Cell, config_hash, fit, resume_run_id
+
+DVC = [sys.executable, "-m", "dvc"]
+
+
+def _run(cmd, cwd, env, check=True):
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if check and res.returncode:
+        raise AssertionError(f"{cmd} failed ({res.returncode}):\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
+    return res
+
+
+def _scenes(first: int, n: int) -> str:
+    return "".join(f"### SCENE {i}\nThe {i}th scene: a line of verse, and another line {i * 7}.\n"
+                   for i in range(first, first + n))
+
+
+@pytest.fixture(scope="module")
+def dvc_ws(tmp_path_factory):
+    """A git + DVC copy of the project on the micro profile with a local corpus; `prepare` already ran."""
+    ws = tmp_path_factory.mktemp("ws")
+    params = yaml.safe_load(MICRO.read_text())
+    params["prepare"]["corpus"] = {**params["prepare"]["corpus"], "source": "local", "path": "mycorpus",
+                                   "max_documents": None}
+    (ws.parent / "local_params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = workspace_copy(ws, ws.parent / "local_params.yaml") | {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+    (ws / "mycorpus").mkdir()
+    (ws / "mycorpus" / "a.md").write_text(_scenes(0, 40))
+    (ws / "mycorpus" / "b.md").write_text(_scenes(40, 40))
+    _run(DVC + ["repro", "prepare"], ws, env)
+    return ws, env
+
+
+def _changed(ws, env) -> set[str]:
+    out = _run(DVC + ["status"], ws, env).stdout
+    return {line.rstrip(":").strip() for line in out.splitlines() if line and not line[0].isspace()
+            and line.rstrip().endswith(":")}
+
+
+# ---------------------------------------------------------------- 1. a changed local corpus is seen
+def test_a_changed_local_corpus_reruns_prepare(dvc_ws):
+    ws, env = dvc_ws
+    assert "prepare" not in _changed(ws, env)
+    with open(ws / "mycorpus" / "b.md", "a") as f:
+        f.write("### SCENE 999\nA line appended to the corpus.\n")
+    assert "prepare" in _changed(ws, env)
+    _run(DVC + ["repro", "prepare"], ws, env)
+    assert "prepare" not in _changed(ws, env)
+    prepared = json.loads((ws / "metrics/prepare.json").read_text())
+    assert prepared["train"]["documents"] + prepared["val"]["documents"] == 81
+
+
+def test_hub_revision_is_passed_and_recorded(tmp_path, monkeypatch):
+    """A hub corpus is pinned to `hub_revision` (DVC tracks the param) and the revision lands in the metrics."""
+    import datasets
+
+    from scalelab.data import prepare_corpus
+
+    seen = {}
+
+    def fake_load(path, name=None, split=None, streaming=False, revision=None, **kw):
+        seen.update(path=path, revision=revision)
+        return datasets.Dataset.from_dict({"text": [f"document {i}" for i in range(50)]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    cfg = PrepareConfig(corpus=CorpusConfig(source="hub", hub_id="org/corpus", hub_revision="0123abcd"),
+                        val_fraction=0.2)
+    stats = prepare_corpus(cfg, tmp_path)
+    assert seen == {"path": "org/corpus", "revision": "0123abcd"}
+    assert stats["source"]["hub_revision"] == "0123abcd" and stats["source"]["hub_id"] == "org/corpus"
+
+
+# ---------------------------------------------------------------- 2. a params typo never deletes results
+def test_a_params_typo_never_deletes_results(dvc_ws):
+    ws, env = dvc_ws
+    kept = {p: (ws / p).read_bytes() for p in ("data/prepared/train.parquet", "metrics/prepare.json")}
+    good = (ws / "params.yaml").read_text()
+    raw = yaml.safe_load(good)
+    raw["prepare"]["val_fractoin"] = 0.1
+    (ws / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    try:
+        res = _run(DVC + ["repro"], ws, env, check=False)
+    finally:
+        (ws / "params.yaml").write_text(good)
+    assert res.returncode != 0 and "prepare.val_fractoin: unknown key" in res.stdout + res.stderr
+    assert "Running stage 'prepare'" not in res.stdout
+    assert {p: (ws / p).read_bytes() for p in kept} == kept
+    _run(DVC + ["repro", "prepare"], ws, env)  # the fixed params: the check passes, prepare stays cached
+    assert {p: (ws / p).read_bytes() for p in kept} == kept
+
+
+def test_an_injected_name_never_reaches_a_shell(dvc_ws):
+    ws, env = dvc_ws
+    good = (ws / "params.yaml").read_text()
+    raw = yaml.safe_load(good)
+    evil = "x;touch pwned;#"
+    raw["model"]["variants"][evil] = {}
+    raw["pretrain"]["grid"]["variants"] = [evil]
+    (ws / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    try:
+        res = _run(DVC + ["repro", f"pretrain@{evil}-a-0"], ws, env, check=False)
+        assert res.returncode != 0 and "model.variants" in res.stdout + res.stderr
+        assert not (ws / "pwned").exists()
+    finally:
+        (ws / "params.yaml").write_text(good)
+
+
+def test_every_stage_runs_after_the_params_check():
+    """DVC runs a stage's upstream first and stops at the first failure: with `validate` upstream of every stage,
+    `dvc repro` and the Prefect flow (which orders its tasks by the same graph) stop before removing any outs."""
+    from dvc.repo import Repo
+    from dvc.stage import PipelineStage
+
+    with Repo(str(ROOT)) as repo:
+        stages = [s for s in repo.index.stages if isinstance(s, PipelineStage)]
+        graph = repo.index.graph
+        (validate,) = [s for s in stages if s.addressing == "validate"]
+        orphans = [s.addressing for s in stages if s is not validate and validate not in nx.descendants(graph, s)]
+    assert not orphans
+
+
+def test_make_repro_checks_params_before_dvc():
+    out = _run(["make", "-n", "repro"], ROOT, os.environ).stdout.splitlines()
+    check = next(i for i, line in enumerate(out) if "-m scalelab.check" in line)
+    assert check < next(i for i, line in enumerate(out) if "dvc repro" in line or "flows/pipeline.py" in line)
+
+
+# ---------------------------------------------------------------- 7. one line per user error, an exit code per kind
+def _check(params_file, capsys, *extra):
+    from scalelab import check
+
+    rc = check.main(["--params", str(params_file), *extra])
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+def _write(tmp_path, raw, name="params.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False) if isinstance(raw, dict) else raw)
+    return path
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda r: r["prepare"].update(val_fractoin=0.1), r"prepare\.val_fractoin: unknown key"),
+    (lambda r: r["model"]["sizes"]["a"].update(n_head=3), r"model\.sizes\.a: d_model \(32\) must be divisible by n_head"),
+    (lambda r: r["optim"]["adamw"].update(lr=float("inf")), r"optim\.adamw\.lr"),
+    (lambda r: r["optim"]["adamw"].update(betas=[0.9, float("nan")]), r"optim\.adamw\.betas"),
+    (lambda r: r["pretrain"].update(val_tokens=16), r"pretrain: val_tokens \(16\) .*seq_len \(32\)"),
+    (lambda r: r["pretrain"]["recipes"].update({"a b": {"optimizer": "adamw"}}), r"pretrain\.recipes\.a b"),
+    (lambda r: r["optim"].update({"$(id)": {"name": "adamw"}}), r"optim\.\$\(id\)"),
+    (lambda r: r["pretrain"]["grid"].update(recipe_sizes=["a;b"]), r"pretrain\.grid\.recipe_sizes\.0: invalid name"),
+])
+def test_params_errors_are_one_line_with_the_key_path(tmp_path, capsys, mutate, needle):
+    raw = yaml.safe_load(MICRO.read_text())
+    mutate(raw)
+    rc, err = _check(_write(tmp_path, raw), capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and re.search(needle, err), err
+
+
+def test_yaml_syntax_error_is_one_line_with_its_position(tmp_path, capsys):
+    text = MICRO.read_text().replace("seq_len: 32", "seq_len: [32")
+    rc, err = _check(_write(tmp_path, text), capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and re.search(r"params\.yaml line \d+", err), err
+    with pytest.raises(ParamsError, match="YAML"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_data_errors_found_before_any_stage_runs(tmp_path, capsys):
+    raw = yaml.safe_load(MICRO.read_text())
+    raw["prepare"]["corpus"].update(source="local", path=str(tmp_path / "nowhere"))
+    rc, err = _check(_write(tmp_path, raw), capsys)
+    assert rc == 3 and len(err.splitlines()) == 1 and "nowhere" in err, err
+    # with shards present: a seq_len longer than the validation shard
+    raw = yaml.safe_load(MICRO.read_text())
+    raw["pretrain"].update(seq_len=128, val_tokens=4096)
+    make_shards(tmp_path / "tokens", n_train=2000, n_val=100)
+    rc, err = _check(_write(tmp_path, raw), capsys, "--shards", str(tmp_path / "tokens"))
+    assert rc == 3 and len(err.splitlines()) == 1 and "seq_len 128" in err, err
+    rc, err = _check(MICRO, capsys)
+    assert rc == 0, err
+
+
+def test_check_runs_as_a_module():
+    res = subprocess.run([sys.executable, "-m", "scalelab.check", "--params", str(MICRO)], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "params valid" in res.stdout
+
+
+def test_nonfinite_loss_is_one_line_and_its_own_exit_code(tmp_path, capsys):
+    from scalelab.stage import EXIT_NONFINITE, stage_main
+
+    shards = make_shards(tmp_path / "tokens", n_train=4000, n_val=400)
+    path = _write(tmp_path, micro_raw(max_steps=6, ckpt_every=3, val_every=3))
+    cell = Cell("standard", "a", "base", 0)
+    rc = stage_main(lambda p: fit(p, cell, tmp_path / "out", shards, callbacks=[FailAt(4, poison=True)]),
+                    str(path), name="pretrain")
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("pretrain:")]
+    assert rc == EXIT_NONFINITE != 1
+    assert len(err) == 1 and "non-finite training values at step 4" in err[0]
+
+
+# ---------------------------------------------------------------- 3. checks before the checkpoint is claimed
+class FirstStep(Callback):
+    def __init__(self):
+        self.step = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.step = pl_module.step
+
+
+def _stage_fit(params, cell, out, shards, callbacks=()):
+    """What the pretrain stage does: reopen the run of a resumable checkpoint, then fit."""
+    with tracking.stage_run("pretrain-test", params={}, run_id=resume_run_id(out, config_hash(params, cell, shards))) \
+            as run:
+        return run.run_id, fit(params, cell, out, shards, run, callbacks=callbacks)
+
+
+def test_a_failed_check_leaves_an_interrupted_checkpoint_resumable(tmp_path):
+    shards = make_shards(tmp_path / "tokens", n_train=20_000, n_val=100)  # 99 val tokens: 3 windows of 32
+    good = parse_params(micro_raw(max_steps=12, ckpt_every=4))
+    bad = parse_params(micro_raw(max_steps=12, ckpt_every=4, seq_len=128))  # longer than the whole val shard
+    cell, out = Cell("standard", "a", "base", 0), tmp_path / "cell"
+    with pytest.raises(RuntimeError, match="killed"):
+        _stage_fit(good, cell, out, shards, [FailAt(8, RuntimeError("killed"))])
+    run_json = (out / "ckpt/run.json").read_bytes()
+    with pytest.raises(DataError, match="seq_len 128"):
+        fit(bad, cell, out, shards)
+    assert (out / "ckpt/run.json").read_bytes() == run_json and not list((out / "ckpt").glob("stale-*"))
+    first = FirstStep()
+    run_id, _ = _stage_fit(good, cell, out, shards, [first])
+    assert first.step == 8 and run_id == json.loads(run_json)["run_id"]
+
+
+def test_resume_finds_its_checkpoint_among_the_stale_ones(tmp_path):
+    shards = make_shards(tmp_path / "tokens", n_train=20_000, n_val=1000)
+    a, b = parse_params(micro_raw(max_steps=12, ckpt_every=4)), parse_params(micro_raw(max_steps=4, grad_clip=0.5))
+    cell, out = Cell("standard", "a", "base", 0), tmp_path / "cell"
+    with pytest.raises(RuntimeError, match="killed"):
+        _stage_fit(a, cell, out, shards, [FailAt(8, RuntimeError("killed"))])
+    killed_id = json.loads((out / "ckpt/run.json").read_text())["run_id"]
+    _stage_fit(b, cell, out, shards)  # other params: a's checkpoint moves aside
+    assert (out / "ckpt" / f"stale-{config_hash(a, cell, shards)}" / "last.ckpt").is_file()
+    first = FirstStep()
+    run_id, resumed = _stage_fit(a, cell, out, shards, [first])
+    assert first.step == 8 and run_id == killed_id and resumed["steps"] == 12
+    assert (out / "ckpt" / f"stale-{config_hash(b, cell, shards)}" / "last.ckpt").is_file()
+    assert not (out / "ckpt" / f"stale-{config_hash(a, cell, shards)}").exists()
+
+
+# ---------------------------------------------------------------- 4. no duplicate metric steps after a resume
+def test_resume_relogs_nothing_already_logged(tmp_path):
+    shards = make_shards(tmp_path / "tokens", n_train=20_000, n_val=1000)
+    params = parse_params(micro_raw(max_steps=12, val_every=4, ckpt_every=6, gamma_every=4))
+    cell, out = Cell("unified", "a", "base", 0), tmp_path / "cell"
+    with pytest.raises(RuntimeError, match="killed"):
+        _stage_fit(params, cell, out, shards, [FailAt(8, RuntimeError("killed"))])  # logged 1..8, checkpoint at 6
+    run_id, _ = _stage_fit(params, cell, out, shards)
+    client = MlflowClient(tracking.tracking_uri())
+    keys = client.get_run(run_id).data.metrics
+    pairs = [(k, m.step) for k in keys for m in client.get_metric_history(run_id, k)]
+    duplicates = {p for p in pairs if pairs.count(p) > 1}
+    assert not duplicates, sorted(duplicates)[:10]
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train/loss")) == list(range(1, 13))
+    assert sorted(m.step for m in client.get_metric_history(run_id, "val/loss")) == [4, 8, 12]
+
+
+# ---------------------------------------------------------------- 5. runs left RUNNING are closed on next contact
+def _status(run_id):
+    return MlflowClient(tracking.tracking_uri()).get_run(run_id).info.status
+
+
+VICTIM = """
+import sys, time
+from scalelab import tracking
+with tracking.stage_run("victim", params={}, experiment=sys.argv[1]) as run:
+    print(run.run_id, run.parent_id, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_stage_run_and_its_parent_are_closed_killed(project):
+    root, exp = project
+    proc = subprocess.Popen([sys.executable, "-c", VICTIM, exp], stdout=subprocess.PIPE, text=True, cwd=root,
+                            env=dict(os.environ))
+    run_id, parent_id = proc.stdout.readline().split()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _status(run_id) == _status(parent_id) == "RUNNING"
+    with tracking.stage_run("next", params={}, experiment=exp) as nxt:  # the next contact
+        assert _status(run_id) == _status(parent_id) == "KILLED"
+    assert _status(nxt.run_id) == "FINISHED" and nxt.parent_id != parent_id
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_runs_that_ended_during_an_outage_get_their_status_later(project, fails):
+    root, exp = project
+
+    def down(*args, **kwargs):
+        raise ConnectionError("server gone")
+
+    with pytest.warns(RuntimeWarning, match="server gone"):
+        with pytest.raises(ValueError) if fails else contextlib.nullcontext():
+            with tracking.stage_run("outage", params={}, experiment=exp) as r:
+                r._client.set_terminated = down  # the server goes away before the run ends
+                if fails:
+                    raise ValueError("stage failed")
+    assert _status(r.run_id) == _status(r.parent_id) == "RUNNING"
+    assert tracking.parent_run_id(exp) is not None or fails  # next contact
+    expected = "FAILED" if fails else "FINISHED"
+    assert _status(r.run_id) == _status(r.parent_id) == expected
+
+
+def test_a_live_concurrent_run_is_left_running(project):
+    root, exp = project
+    with tracking.stage_run("a", params={}, experiment=exp) as a:
+        with tracking.stage_run("b", params={}, experiment=exp):
+            assert _status(a.run_id) == "RUNNING"  # same host, live process: not an orphan
+
+
+# ---------------------------------------------------------------- 6. invalid UTF-8 is reported, or refused
+def test_invalid_utf8_is_counted_per_file_in_bytes(tmp_path, capsys):
+    from scalelab.data import prepare_corpus
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "latin1.txt").write_bytes("### SCENE\nCaf\u00e9 cr\u00e8me, na\u00efve.\n".encode("latin-1"))
+    (corpus / "cut.txt").write_bytes(b"### SCENE\na cut euro sign \xe2\x82 here\n")  # 2 bytes, one U+FFFD
+    (corpus / "ok.txt").write_text(_scenes(0, 30))
+    cfg = PrepareConfig(corpus=CorpusConfig(source="local", path=str(corpus)), val_fraction=0.3)
+    stats = prepare_corpus(cfg, tmp_path / "out")
+    assert stats["replaced_invalid_bytes"] == 5
+    assert stats["invalid_utf8_files"] == {str(corpus / "cut.txt"): 2, str(corpus / "latin1.txt"): 3}
+    err = capsys.readouterr().err
+    assert "latin1.txt" in err and "3 bytes" in err
+    with pytest.raises(DataError, match=r"cut\.txt: invalid UTF-8 at byte 26 .*prepare\.errors"):
+        prepare_corpus(cfg.model_copy(update={"errors": "strict"}), tmp_path / "strict")
+    with pytest.raises(ParamsError, match=r"prepare\.errors"):
+        parse_params({**yaml.safe_load(MICRO.read_text()), "prepare": {"errors": "ignore"}})
+
+
+# ---------------------------------------------------------------- 8. names that reach a command line
+@pytest.mark.parametrize("where", ["sizes", "variants"])
+def test_names_are_restricted(where):
+    raw = yaml.safe_load(MICRO.read_text())
+    key = "b;rm -rf ~"
+    raw["model"][where][key] = raw["model"][where]["a" if where == "sizes" else "standard"]
+    with pytest.raises(ParamsError, match=re.escape(f"model.{where}.{key}")):
+        parse_params(raw)
+    raw = yaml.safe_load(MICRO.read_text())
+    raw["pretrain"]["grid"]["recipes"] = ["muon`id`"]
+    with pytest.raises(ParamsError, match=r"pretrain\.grid\.recipes\.0"):
+        parse_params(raw)
+
+
+# ---------------------------------------------------------------- 9. bounded memory on real corpora
+def _corpus(mb: float, shape: str) -> str:
+    """~mb MB of words: a scene heading every ~2 kB ("documents"), or one line without any ("one line")."""
+    rng = np.random.default_rng(0)
+    text = " ".join(WORDS[rng.integers(0, len(WORDS), size=int(mb * 2**20 / 5.9))])
+    return re.sub(r"((?:\S+ ){300})", r"\1\n### SCENE\n", text) if shape == "documents" else text
+
+
+WORDS = np.array([f"w{i}" for i in range(3000)])
+
+
+def _data_ws(root: Path, mb: float, shape: str) -> tuple[Path, dict]:
+    """A project folder with a local corpus (the text plus 40 short scenes, so both splits have documents), a
+    tokenizer.json as if the tokenizer stage had run, and the micro params."""
+    ws = root / f"{shape.replace(' ', '_')}-{mb}"
+    (ws / "corpus").mkdir(parents=True)
+    (ws / "corpus" / "text.txt").write_text(_corpus(mb, shape))
+    (ws / "corpus" / "scenes.txt").write_text("".join(f"### SCENE {i}\n" + " ".join(WORDS[i : i + 50]) + "\n"
+                                                      for i in range(40)))
+    (ws / "data" / "tokenizer").mkdir(parents=True)
+    (ws / "data" / "tokenizer" / "tokenizer.json").write_text(_tokenizer_json())
+    params = yaml.safe_load(MICRO.read_text())
+    params["prepare"]["corpus"] = {"source": "local", "path": "corpus", "doc_split_regex": "^#+ SCENE"}
+    params["tokenize"]["batch_size"] = 256
+    (ws / "params.yaml").write_text(yaml.safe_dump(params))
+    return ws, {**os.environ, "SCALELAB_ROOT": str(ws), "MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+
+
+_TOK: list[str] = []
+
+
+def _tokenizer_json() -> str:
+    from scalelab.data.tokenizer import train_bpe
+
+    if not _TOK:
+        _TOK.append(train_bpe([_corpus(0.2, "documents")], vocab_size=400, min_frequency=2,
+                              eot_token="<|endoftext|>").to_str())
+    return _TOK[0]
+
+
+HWM = """import atexit, runpy, sys
+stage, out = sys.argv[1:]
+def record():
+    with open("/proc/self/status") as f:
+        open(out, "w").write(next(line.split()[1] for line in f if line.startswith("VmHWM")))
+atexit.register(record)
+sys.argv = [stage]
+runpy.run_path(stage, run_name="__main__")
+"""
+
+
+def _peak_rss_mb(stage: str, ws: Path, env: dict) -> float:
+    """Peak RSS of one stage process in MB: its own mm's high-water mark (VmHWM), read at exit. (getrusage's maxrss
+    of a child includes the parent's memory it was forked from.)"""
+    res = subprocess.run([sys.executable, "-c", HWM, str(ROOT / "stages" / f"{stage}.py"), str(ws.resolve() / "hwm")], cwd=ws,
+                         env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return int((ws / "hwm").read_text()) / 1024
+
+
+def _marginal_rss(tmp_path, shape: str, stages: tuple[str, ...], sizes=(2, 8)) -> dict[str, float]:
+    """MB of peak RSS per MB of corpus, between two corpus sizes: ~0 when a stage streams, >= 1 when it holds the
+    corpus (a difference of two runs, so the interpreter's and libraries' own memory cancels)."""
+    peaks = {stage: [] for stage in stages}
+    for mb in sizes:
+        ws, env = _data_ws(tmp_path, mb, shape)
+        for stage in stages:
+            peaks[stage].append(_peak_rss_mb(stage, ws, env))
+    return {stage: (hi - lo) / (sizes[1] - sizes[0]) for stage, (lo, hi) in peaks.items()}
+
+
+pytestmark_linux = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc")
+
+
+@pytest.mark.slow
+@pytestmark_linux
+def test_prepare_streams_a_corpus_of_many_documents(tmp_path):
+    """Was ~5 MB of RSS per MB of corpus (polars frames and lists of the whole corpus); now flat."""
+    ratio = _marginal_rss(tmp_path, "documents", ("prepare",))["prepare"]
+    assert ratio < 1.0, ratio
+
+
+@pytest.mark.slow
+@pytestmark_linux
+def test_one_huge_line_costs_a_few_times_its_size_not_a_hundred(tmp_path):
+    """One 8 MB document: held whole by necessity, but encoded piece by piece (was ~145 MB per MB in tokenize:
+    the tokenizer's encoding of the whole document at once) and written without copies beyond its text and bytes."""
+    ratios = _marginal_rss(tmp_path, "one line", ("prepare", "tokenize_shards"))
+    assert max(ratios.values()) < 5.0, ratios
+
+
+@pytest.mark.slow
+def test_tokenize_streams_the_prepared_splits(tmp_path, monkeypatch):
+    """The tokenize stage's Python heap stays at a batch, not the corpus (it held both splits as lists)."""
+    import runpy
+    import tracemalloc
+
+    ws, env = _data_ws(tmp_path, 6, "documents")
+    _peak_rss_mb("prepare", ws, env)
+    monkeypatch.chdir(ws)
+    monkeypatch.setenv("SCALELAB_ROOT", str(ws))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setattr(sys, "argv", ["tokenize_shards.py"])
+    tracemalloc.start()
+    try:
+        with pytest.raises(SystemExit) as done, pytest.warns(RuntimeWarning, match="unavailable"):
+            runpy.run_path(str(ROOT / "stages" / "tokenize_shards.py"), run_name="__main__")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert done.value.code == 0
+    corpus = (ws / "corpus" / "text.txt").stat().st_size
+    assert peak < 0.5 * corpus, (peak, corpus)
+
+
+# ---------------------------------------------------------------- 10. stale checkpoints: the newest few
+def test_reruns_keep_the_newest_stale_checkpoints_and_every_resumable_one(tmp_path, capsys):
+    shards = make_shards(tmp_path / "tokens", n_train=20_000, n_val=1000)
+    cell, out = Cell("standard", "a", "base", 0), tmp_path / "cell"
+    quick = dict(max_steps=2, ckpt_every=2, val_every=2, sharpness={"enabled": False}, keep_stale=2)
+    interrupted = parse_params(micro_raw(**{**quick, "max_steps": 8}))
+    with pytest.raises(RuntimeError, match="killed"):
+        fit(interrupted, cell, out, shards, callbacks=[FailAt(2, RuntimeError("killed"))])
+    done = parse_params(micro_raw(**quick))
+    for _ in range(5):  # a completed cell rerun: each run moves the previous checkpoint aside
+        fit(done, cell, out, shards)
+        time.sleep(0.01)
+    stale = sorted(p.name for p in (out / "ckpt").glob("stale-*"))
+    done_hash, int_hash = config_hash(done, cell, shards), config_hash(interrupted, cell, shards)
+    assert f"stale-{int_hash}" in stale  # resumable: never deleted
+    completed = [s for s in stale if s.startswith(f"stale-{done_hash}")]
+    assert len(completed) == 2, stale
+    assert re.search(r"removed \d+ stale checkpoints? .*freed [\d.]+ MB", capsys.readouterr().err)
+
+
+def test_keep_stale_does_not_change_the_config_hash(tmp_path):
+    shards = make_shards(tmp_path / "tokens", n_train=2000, n_val=200)
+    cell = Cell("standard", "a", "base", 0)
+    assert config_hash(parse_params(micro_raw(keep_stale=0)), cell, shards) == \
+        config_hash(parse_params(micro_raw(keep_stale=5)), cell, shards)
+
+
+# ---------------------------------------------------------------- 11. the README offers what the schema accepts
+def test_readme_strategies_match_the_schema():
+    readme = (ROOT / "README.md").read_text()
+    line = next(l for l in readme.splitlines() if "`pretrain.strategy`" in l and "supports" in l)
+    offered = set(re.findall(r"`(\w+)`", line.split("supports", 1)[1].split(".")[0]))
+    assert offered == set(get_args(PretrainConfig.model_fields["strategy"].annotation))
+    for claim in re.findall(r"[^.]*\bfsdp\b[^.]*\.", readme, re.IGNORECASE):
+        assert re.search(r"not|unsupported|rejects", claim), claim
+    assert "## Reliability" in readme
