@@ -238,6 +238,32 @@ def test_compressed_model_reloads_in_scalelab_and_transformers(compressed, arch,
         assert getattr(loaded.config, RANKS_KEY) == {r.name: r.rank for r in records}
 
 
+def _round_trip(tmp_path, dtype: str, device: str, kinds=("svd_llm", "fwsvd", "sigmascale")):
+    """Save a tiny model, load it as the stage does (dtype, device), compress, save, reload: identical logits."""
+    from scalelab.compress.lowrank import num_params
+    from scalelab.model.hf import load_causal_lm
+
+    tiny("qwen3").save_pretrained(tmp_path / "dense")
+    x = batches()[0][0].to(device)
+    for kind in kinds:
+        model = load_causal_lm(tmp_path / "dense", dtype, device)
+        records, _ = compress_model(model, batches(), MethodConfig(kind=kind), 0.5, sigma_cfg=FAST_SIGMA)
+        assert all(r.loss >= r.loss_svd_llm * (1 - 1e-6) for r in records), kind
+        save_lowrank(model, tmp_path / kind)
+        loaded = load_causal_lm(tmp_path / kind, dtype, device)
+        assert next(loaded.parameters()).dtype == getattr(torch, dtype)
+        assert torch.equal(logits(loaded, x), logits(model, x)) and num_params(loaded) == num_params(model), kind
+
+
+def test_bfloat16_model_compresses_and_reloads_identically(tmp_path):
+    _round_trip(tmp_path, "bfloat16", "cpu", kinds=("svd_llm",))
+
+
+@pytest.mark.gpu
+def test_compression_on_gpu_in_bfloat16(tmp_path):
+    _round_trip(tmp_path, "bfloat16", "cuda")
+
+
 def test_refinement_lowers_the_end_to_end_objective():
     from scalelab.compress.refine import refine
 
