@@ -21,8 +21,8 @@ def test_every_shipped_params_file_validates(path):
             params.resolve_model(size, variant, vocab_size=params.tokenizer.vocab_size)
     for recipe in grid.recipes:
         for variant in grid.recipe_variants:
-            params.resolve_model(grid.recipe_size, variant, vocab_size=params.tokenizer.vocab_size,
-                                 moe=params.pretrain.recipes[recipe].moe)
+            for size in grid.recipe_sizes:
+                params.resolve_model(size, variant, vocab_size=params.tokenizer.vocab_size, recipe=recipe)
 
 
 def _raw():

@@ -1,10 +1,12 @@
 """Exports (METHODS §A, DESIGN "Exports"): folded Llama/Qwen3 checkpoints load in transformers with equal logits;
-MoE and post-norm models round-trip through scalelab's own format."""
+MoE and post-norm models round-trip through scalelab's own format; every dense Pre-Norm pretrain cell writes its
+export to data/pretrain/<cell>/model/hf."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -12,6 +14,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from scalelab.config import ModelConfig, MoEConfig, ScaleConfig
 from scalelab.model import Transformer, export_hf, load_exported, save_model
+from scalelab.model.export import export_cell, hf_exportable
 
 VARIANTS = {
     "none": ScaleConfig(scales=False),
@@ -156,3 +159,76 @@ def test_load_exported_refuses_what_is_not_its_format(tmp_path):
     (tmp_path / "scalelab_config.json").write_text((tmp_path / "other" / "scalelab_config.json").read_text())
     with pytest.raises(RuntimeError, match="blocks.2"):  # weights of 2 layers under a 3-layer config
         load_exported(tmp_path)
+
+
+@pytest.mark.parametrize("qk_norm,arch", [(True, "qwen3"), (False, "llama")])
+def test_export_cell_writes_a_loadable_hf_folder_beside_the_weights(tmp_path, tokenizer_file, qk_norm, arch):
+    """A trained cell's model/ (scalelab's format) gains model/hf: what method stages load through
+    scalelab.model.hf, with the tokenizer, and with the trained model's logits."""
+    from scalelab.model.hf import load_causal_lm, load_hf_tokenizer
+
+    model = random_model(micro("unified", qk_norm=qk_norm))
+    save_model(model, tmp_path / "model")
+    assert export_cell(tmp_path / "model", tokenizer_file) == arch
+    hf = tmp_path / "model" / "hf"
+    with torch.no_grad():
+        torch.testing.assert_close(load_causal_lm(hf)(tokens()).logits, model(tokens()).logits, atol=1e-4, rtol=0)
+    assert load_hf_tokenizer(hf).eos_token == "<|endoftext|>"
+    assert not [p for p in (tmp_path / "model").iterdir() if p.name.startswith(".")]  # no temp folder left
+
+
+@pytest.mark.parametrize("moe,post_norm", [(True, False), (False, True)])
+def test_export_cell_skips_what_llama_and_qwen3_cannot_represent(tmp_path, tokenizer_file, moe, post_norm):
+    cfg = micro("standard", post_norm=post_norm, moe=MoEConfig(n_experts=2, top_k=1) if moe else None)
+    save_model(random_model(cfg), tmp_path / "model")
+    assert not hf_exportable(cfg) and export_cell(tmp_path / "model", tokenizer_file) is None
+    assert not (tmp_path / "model" / "hf").exists()
+
+
+def _tiny_shards(out, vocab: int = 64) -> None:
+    from scalelab.data.shards import file_sha256
+
+    out.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    entries = {}
+    for split, n in (("train", 8000), ("val", 1000)):
+        path = out / f"{split}.bin"
+        rng.integers(0, 60, n).astype(np.uint16).tofile(path)
+        entries[split] = {"file": path.name, "tokens": n, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    meta = {"dtype": "uint16", "vocab_size": vocab, "eot_id": 0, "tokenizer_sha256": "none", "shards": entries}
+    (out / "meta.json").write_text(json.dumps(meta))
+
+
+def test_pretrain_stage_writes_the_cells_hf_export(tmp_path, tokenizer_file, monkeypatch):
+    """stages/pretrain.py on a dense Pre-Norm cell: model/hf loads in transformers and gives the trained model's
+    logits; the Peri-LN recipe's cell has no hf/ (its post-branch norm has no Llama/Qwen3 slot)."""
+    import argparse
+    import importlib.util
+
+    import yaml
+
+    from conftest import MICRO, ROOT
+    from scalelab.config import parse_params
+    from scalelab.model.hf import load_causal_lm
+
+    raw = yaml.safe_load(MICRO.read_text())
+    raw["pretrain"].update(max_steps=4, val_every=4, ckpt_every=4, gamma_every=4)
+    raw["pretrain"]["sharpness"]["enabled"] = False
+    params = parse_params(raw)
+    monkeypatch.chdir(tmp_path)
+    _tiny_shards(tmp_path / "data" / "tokens")
+    (tmp_path / "data" / "tokenizer").mkdir()
+    (tmp_path / "data" / "tokenizer" / "tokenizer.json").write_bytes(tokenizer_file.read_bytes())
+    spec = importlib.util.spec_from_file_location("pretrain_stage", ROOT / "stages" / "pretrain.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    for recipe in ("base", "peri_ln"):
+        stage.train(params, argparse.Namespace(variant="unified", size="a", recipe=recipe, seed=0))
+    cell = tmp_path / "data/pretrain/unified-a-base-0/model"
+    assert json.loads((tmp_path / "metrics/pretrain/unified-a-base-0.json").read_text())["hf_export"] == "qwen3"
+    trained = load_exported(cell)
+    x = torch.randint(0, 60, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(load_causal_lm(cell / "hf")(x).logits, trained(x).logits, atol=1e-4, rtol=0)
+    assert not (tmp_path / "data/pretrain/unified-a-peri_ln-0/model/hf").exists()
+    assert load_exported(tmp_path / "data/pretrain/unified-a-peri_ln-0/model").cfg.post_norm

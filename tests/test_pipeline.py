@@ -56,7 +56,7 @@ def test_repro_builds_everything_then_is_a_noop(workspace):
     ran = _ran(first.stdout)
     stages = set(yaml.safe_load((ws / "dvc.lock").read_text())["stages"])
     assert {"prepare", "tokenizer", "tokenize", "scaling", "pretrain@unified-c-0",
-            "pretrain_recipe@muon-standard-0"} <= stages
+            "pretrain_recipe@muon-standard-a-0"} <= stages
     assert set(ran) == stages
     # the cells learned: validation loss clearly below a uniform guess, ln(vocab)
     cell = json.loads((ws / "metrics/pretrain/standard-c-base-0.json").read_text())

@@ -53,7 +53,7 @@ def micro_raw(**pretrain) -> dict:
                   "sgd": {"name": "sgd", "lr": 0.5, "momentum": 0.9}},
         "pretrain": {"seq_len": 32, "batch_size": 8, "max_steps": 40, "val_every": 10, "val_tokens": 1024,
                      "ckpt_every": 10, "threads": 1, "gamma_every": 10, "peak_flops": 1e11,
-                     "sharpness": {"iters": 3, "batch_size": 2},
+                     "sharpness": {"max_iters": 3},
                      "recipes": {"base": {"optimizer": "adamw"}, "muon": {"optimizer": "muon"},
                                  "sgd": {"optimizer": "sgd"}},
                      "grid": {"variants": ["standard"], "sizes": ["a"], "seeds": [0]}, **pretrain},

@@ -43,7 +43,7 @@ class Params(Strict):
         for name in [*g.variants, *g.recipe_variants]:
             if name not in self.model.variants:
                 raise ValueError(f"pretrain.grid: unknown variant {name!r}; known: {sorted(self.model.variants)}")
-        for name in [*g.sizes, *([g.recipe_size] if g.recipe_size else [])]:
+        for name in [*g.sizes, *g.recipe_sizes]:
             if name not in self.model.sizes:
                 raise ValueError(f"pretrain.grid: unknown size {name!r}; known: {sorted(self.model.sizes)}")
         for rname, r in self.pretrain.recipes.items():
@@ -55,14 +55,24 @@ class Params(Strict):
             raise ValueError(f"evaluate.sizes: {bad} not in pretrain.grid.sizes {g.sizes}")
         return self
 
-    def resolve_model(self, size: str, variant: str, vocab_size: int, moe: bool = False) -> ModelConfig:
-        """Resolve the model of one matrix cell."""
+    def resolve_model(self, size: str, variant: str, vocab_size: int, moe: bool = False,
+                      recipe: str | None = None) -> ModelConfig:
+        """Resolve the model of one matrix cell. `recipe` (a key of pretrain.recipes) applies that recipe's
+        architecture switches: its MoE MLP and its Peri-LN post-branch norm (`post_norm`, None: model.post_norm)."""
         arch = self.model
         if size not in arch.sizes:
             raise ParamsError(f"model.sizes: unknown size {size!r}; known: {sorted(arch.sizes)}")
         if variant not in arch.variants:
             raise ParamsError(f"model.variants: unknown variant {variant!r}; known: {sorted(arch.variants)}")
         shared = arch.model_dump(exclude={"sizes", "variants", "moe"})
+        if recipe is not None:
+            if recipe not in self.pretrain.recipes:
+                raise ParamsError(f"pretrain.recipes: unknown recipe {recipe!r}; "
+                                  f"known: {sorted(self.pretrain.recipes)}")
+            r = self.pretrain.recipes[recipe]
+            moe = moe or r.moe
+            if r.post_norm is not None:
+                shared["post_norm"] = r.post_norm
         return ModelConfig(
             vocab_size=vocab_size,
             max_seq_len=self.pretrain.seq_len,

@@ -13,12 +13,20 @@ class RecipeConfig(Strict):
     optimizer: str = "adamw"  # key of params `optim`
     schedule: ScheduleConfig = ScheduleConfig()
     moe: bool = False
+    # Peri-LN axis (METHODS §A Output-Norm): a post-branch norm whose γ weighs each branch in the residual stream.
+    # None keeps `model.post_norm` (the study's Pre-Norm default: false).
+    post_norm: bool | None = None
 
 
 class SharpnessConfig(Strict):
+    """Top Hessian eigenvalue of the cross-entropy (METHODS §A diagnostics), in the folded plain-weight
+    parameterization, on one fixed batch of training windows."""
+
     enabled: bool = True
-    iters: PosInt = 10  # power iterations on Hessian-vector products
-    batch_size: PosInt = 8
+    tokens: Annotated[int, Field(ge=4096)] = 4096  # the fixed batch: tokens // seq_len windows (issue 7: ≥ 4k)
+    tol: PosFloat = 1e-2  # stop at residual ‖Hv − λv‖ ≤ tol·|λ|: an eigenvalue lies within tol·|λ| of λ
+    max_iters: PosInt = 50  # power iterations per pass (a second pass runs past a negative dominant eigenvalue)
+    every: PosInt | None = None  # steps between measurements; None: at the last step only
 
 
 class GridConfig(Strict):
@@ -27,9 +35,9 @@ class GridConfig(Strict):
     variants: list[str]
     sizes: list[str]
     seeds: list[NonNegInt]
-    recipes: list[str] = []
+    recipes: list[str] = []  # extra recipes (Muon, WSD, MoE, Peri-LN) over the axes below
     recipe_variants: list[str] = []
-    recipe_size: str | None = None
+    recipe_sizes: list[str] = []
 
 
 class PretrainConfig(Strict):
@@ -71,6 +79,11 @@ class PretrainConfig(Strict):
         for r in self.grid.recipes:
             if r not in self.recipes:
                 raise ValueError(f"pretrain.grid.recipes: unknown recipe {r!r}; known: {sorted(self.recipes)}")
+        if self.grid.recipes and not (self.grid.recipe_variants and self.grid.recipe_sizes):
+            raise ValueError("pretrain.grid.recipes needs recipe_variants and recipe_sizes")
+        if self.sharpness.tokens < self.seq_len:
+            raise ValueError(f"pretrain.sharpness.tokens ({self.sharpness.tokens}) is less than one window "
+                             f"(seq_len {self.seq_len})")
         return self
 
     def total_steps(self) -> int:
@@ -80,4 +93,15 @@ class PretrainConfig(Strict):
 
 
 class ScalingConfig(Strict):
-    min_sizes: Annotated[int, Field(ge=3)] = 3  # L(N) = E + A·N^-α has three parameters
+    """The scaling fits and the claims ledger of METHODS §A (scalelab.evaluate.powerlaw, claims_a)."""
+
+    min_sizes: Annotated[int, Field(ge=3)] = 3  # below this no fit at all; a fit is identified only with dof > 0
+    alpha_bounds: tuple[PosFloat, PosFloat] = (0.02, 2.0)  # α at either bound: "not identified"
+    bootstrap: PosInt = 400  # resamples of the seeds for the α intervals
+    level: Annotated[float, Field(gt=0, lt=1)] = 0.95  # of every interval (claims and fits)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ScalingConfig":
+        if not self.alpha_bounds[0] < self.alpha_bounds[1]:
+            raise ValueError(f"scaling.alpha_bounds {self.alpha_bounds}: need low < high")
+        return self

@@ -8,6 +8,10 @@ Rule (paired by seed): `diffs` are per-seed differences oriented so that a posit
 (e.g. loss(standard) − loss(unified) for "unified is better"). With n ≥ 2 seeds, a two-sided Student-t interval at
 `level` on the mean difference: above 0 → reproduced, below 0 → contradicted, straddling 0 → inconclusive. One seed
 gives no spread, so it is "inconclusive (1 seed)" whatever its sign.
+
+A statistic with no per-seed value (e.g. a fitted scaling exponent) brings its own interval, such as a bootstrap over
+seeds paired between the compared cells (`interval_claim`); the same decision applies to that interval, and an
+entry whose statistic is unusable (a fit that is not identified) is "inconclusive (<why>)".
 """
 
 from __future__ import annotations
@@ -43,7 +47,11 @@ def verdict(diffs: Sequence[float], level: float = 0.95) -> str:
     interval = t_interval(diffs, level)
     if interval is None:
         return f"{INCONCLUSIVE} (1 seed)"
-    _, low, high = interval
+    return decide(*interval[1:])
+
+
+def decide(low: float, high: float) -> str:
+    """The decision on an interval of the effect (claim direction positive)."""
     return REPRODUCED if low > 0 else CONTRADICTED if high < 0 else INCONCLUSIVE
 
 
@@ -61,6 +69,22 @@ def claim(id: str, text: str, metric: str, diffs: Sequence[float], published: st
     spread = (interval[2] - interval[0]) if interval else None
     return {"id": id, "claim": text, "metric": metric, "effect": effect, "spread": spread, "n_seeds": len(clean),
             "verdict": verdict(clean, level), "rule": rule_text(level), "published": published}
+
+
+def interval_claim(id: str, text: str, metric: str, effect: float | None, interval: tuple[float, float] | None,
+                   n_seeds: int, rule: str, published: str, unusable: str | None = None) -> dict:
+    """A ledger entry whose interval comes from elsewhere (`rule` says how), decided as `verdict` decides: an
+    interval above 0 reproduces, below 0 contradicts. No interval (one seed) or an `unusable` statistic (the reason,
+    e.g. "fit not identified") is inconclusive, with the reason in the verdict. `spread`: the interval's half-width."""
+    if unusable:
+        decision = f"{INCONCLUSIVE} ({unusable})"
+    elif n_seeds < 2 or interval is None:
+        decision = f"{INCONCLUSIVE} (1 seed)" if n_seeds < 2 else f"{INCONCLUSIVE} (no interval)"
+    else:
+        decision = decide(*interval)
+    spread = None if interval is None or n_seeds < 2 else (interval[1] - interval[0]) / 2
+    return {"id": id, "claim": text, "metric": metric, "effect": effect, "spread": spread, "n_seeds": n_seeds,
+            "verdict": decision, "rule": rule, "published": published}
 
 
 def write_claims(path: str | os.PathLike, entries: Sequence[dict]) -> None:

@@ -20,12 +20,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from scalelab.config import ModelConfig, ScaleConfig
+from scalelab.data import atomic_dir
 from scalelab.model.norm import OUTPUT_SCALE, Projection, Scale
 from scalelab.model.transformer import Transformer
 
 FORMAT_VERSION = 1
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "scalelab_config.json"
+HF_DIR = "hf"  # a pretrain cell's Hugging Face export: data/pretrain/<cell>/model/hf (scalelab.config.CELL_EXPORT)
 
 # our names -> Hugging Face Llama/Qwen3 names, per layer
 _HF_LAYER_NAMES = {
@@ -163,6 +165,23 @@ def _save_tokenizer(path: str | os.PathLike, out_dir: Path, eos_token: str, voca
         raise ValueError(f"{path}: {len(tok)} tokens, more than the model's vocab_size {vocab_size}")
     tok.save_pretrained(out_dir)
     return eos_id
+
+
+def hf_exportable(cfg: ModelConfig) -> bool:
+    """Whether Llama/Qwen3 represent the folded model: dense, without a post-branch norm (Peri-LN has no slot)."""
+    return cfg.moe is None and not cfg.post_norm
+
+
+def export_cell(model_dir: str | os.PathLike, tokenizer_path: str | os.PathLike,
+                eos_token: str = "<|endoftext|>") -> str | None:
+    """Write the folded Hugging Face export of a trained cell (its weights in scalelab's format in `model_dir`) to
+    `model_dir/hf`, all or nothing; returns its architecture, or None (nothing written) for MoE or Peri-LN cells,
+    which stay in scalelab's own format only."""
+    model = load_exported(model_dir)
+    if not hf_exportable(model.cfg):
+        return None
+    with atomic_dir(Path(model_dir) / HF_DIR) as tmp:
+        return export_hf(model, tmp, tokenizer_path=tokenizer_path, eos_token=eos_token)
 
 
 def export_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,

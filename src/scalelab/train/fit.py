@@ -73,7 +73,7 @@ def config_hash(params: Params, cell: Cell, shards_dir: str | Path) -> str:
     meta = Path(shards_dir) / "meta.json"
     data = {k: v["sha256"] for k, v in json.loads(meta.read_text())["shards"].items()} if meta.is_file() else None
     recipe = _recipe(params, cell)
-    model = params.resolve_model(cell.size, cell.variant, vocab_size=1, moe=recipe.moe)
+    model = params.resolve_model(cell.size, cell.variant, vocab_size=1, recipe=cell.recipe)
     blob = {
         "model": model.model_dump(mode="json", exclude={"vocab_size"}),
         "recipe": recipe.model_dump(mode="json"),
@@ -183,7 +183,7 @@ def _summary(lit: LitLM, throughput: Throughput, curve: MetricsFile, sharpness: 
         "tokens_per_s": tokens_per_s,
         "mfu": throughput.mfu(tokens_per_s) if tokens_per_s else None,
         "peak_flops": throughput.peak_flops,
-        "sharpness": sharpness.rows[-1][1] if sharpness.rows else None,
+        **sharpness.summary(),
         **gamma.summary(),
     }
 
@@ -200,7 +200,7 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
     pre, out_dir = params.pretrain, Path(out_dir)
     recipe = _recipe(params, cell)
     shards = open_shards(shards_dir)
-    model_cfg = params.resolve_model(cell.size, cell.variant, vocab_size=shards.vocab_size, moe=recipe.moe)
+    model_cfg = params.resolve_model(cell.size, cell.variant, vocab_size=shards.vocab_size, recipe=cell.recipe)
     if pre.threads:
         torch.set_num_threads(pre.threads)
     chash = config_hash(params, cell, shards_dir)
@@ -220,7 +220,7 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
                 total_steps=total, accumulate=pre.accumulate, grad_clip=pre.grad_clip)
     throughput = Throughput(tokens_per_step, model.flops_per_token(pre.seq_len), peak)
     gamma, curve = GammaStats(pre.gamma_every, total), MetricsFile(tokens_per_step, pre.ckpt_every, total)
-    sharpness = Sharpness(pre.sharpness, pre.ckpt_every, total)
+    sharpness = Sharpness(pre.sharpness, total)
     logger = run.lightning_logger() if run is not None and rank_zero_only.rank == 0 else None
     trainer = L.Trainer(
         accelerator=pre.accelerator, devices=pre.devices, num_nodes=pre.num_nodes, strategy=pre.strategy,
