@@ -61,7 +61,7 @@ def bare_loop(params, cell: Cell, tokens, vocab: int, steps: int) -> list[float]
     """The training step of scalelab.train.LitLM without Lightning: forward, backward, clip, schedule, step."""
     pre, recipe = params.pretrain, params.pretrain.recipes[cell.recipe]
     torch.manual_seed(cell.seed)
-    model = Transformer(params.resolve_model(cell.size, cell.variant, vocab_size=vocab, moe=recipe.moe))
+    model = Transformer(params.resolve_model(cell.size, cell.variant, vocab_size=vocab, recipe=cell.recipe))
     opts = build_optimizers(model, params.optim[recipe.optimizer], model.cfg.scale)
     times = []
     for step in range(steps):
