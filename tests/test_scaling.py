@@ -51,7 +51,8 @@ def test_alpha_at_a_bound_or_no_trend_is_flagged():
 def _cells(losses: dict) -> pl.DataFrame:
     n = {"a": 5e4, "b": 1e5, "c": 3e5, "d": 7.4e5}
     rows = [{"variant": v, "size": s, "recipe": r, "seed": seed, "val_loss": loss, "params": int(n[s] * 2),
-             "non_embedding_params": int(n[s]), "flops": 6 * n[s] * 1e5, "sharpness": sharp, "sharpness_iters": 5}
+             "non_embedding_params": int(n[s]), "flops": 6 * n[s] * 1e5, "sharpness": sharp, "sharpness_iters": 5,
+             "sharpness_converged": True}
             for (r, v, s, seed), (loss, sharp) in losses.items()]
     return pl.DataFrame(rows)
 
@@ -97,6 +98,11 @@ def test_ledger_pairs_by_seed_and_decides_by_the_stated_rule(micro_params):
     assert "QK-norm γ" in led["base.wd_out_hurts"]["claim"]
     assert all(e["published"].startswith(("ordering only", "none:")) for e in entries)
     assert "base.branch_helps" not in led  # no cells, no claim
+    # a sharpness whose power iteration missed its tolerance is no value: that seed drops out of the claim
+    unconverged = cells.with_columns(
+        pl.when(pl.col("seed") == 0).then(False).otherwise(True).alias("sharpness_converged"))
+    again = _by_id(claims_a.ledger(unconverged, fits, micro_params))
+    assert again["base.sharpness_wd_in"]["n_seeds"] == 2 and again["base.unified_helps"]["n_seeds"] == 3
     # identified fits on a common law: the α claim is decided by its paired bootstrap, not blocked
     assert fits["standard"].identified and fits["unified"].identified
     assert not led["base.alpha_unified"]["verdict"].startswith("inconclusive (")

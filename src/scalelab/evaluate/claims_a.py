@@ -56,8 +56,9 @@ class Losses:
         self.cells = cells
         self.loss = {(r["recipe"], r["variant"], r["size"], r["seed"]): r["val_loss"]
                      for r in cells.iter_rows(named=True)}
+        # a power iteration that did not reach its tolerance gives no value (cells written before the flag: kept)
         self.sharp = {(r["recipe"], r["variant"], r["size"], r["seed"]): r["sharpness"]
-                      for r in cells.iter_rows(named=True)}
+                      for r in cells.iter_rows(named=True) if r.get("sharpness_converged") is not False}
 
     def axes(self, recipe: str) -> tuple[list[str], list[str], list[int]]:
         """Variants, sizes (by N) and seeds of a recipe."""

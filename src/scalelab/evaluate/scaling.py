@@ -16,7 +16,7 @@ from scalelab.config import GridConfig, ScalingConfig
 from scalelab.evaluate.powerlaw import Fit, fit_seeds
 
 CELL_KEYS = ("variant", "size", "recipe", "seed")
-VALUES = ("val_loss", "params", "non_embedding_params", "flops", "sharpness", "sharpness_iters")
+VALUES = ("val_loss", "params", "non_embedding_params", "flops", "sharpness", "sharpness_iters", "sharpness_converged")
 
 
 def collect(metrics_dir: Path, cells: list[str] | None = None) -> pl.DataFrame:
@@ -39,7 +39,7 @@ def collect(metrics_dir: Path, cells: list[str] | None = None) -> pl.DataFrame:
         raise ValueError(f"no pretraining metrics found in {metrics_dir}")
     schema = {"variant": pl.String, "size": pl.String, "recipe": pl.String, "seed": pl.Int64,
               "val_loss": pl.Float64, "params": pl.Int64, "non_embedding_params": pl.Int64, "flops": pl.Float64,
-              "sharpness": pl.Float64, "sharpness_iters": pl.Int64}
+              "sharpness": pl.Float64, "sharpness_iters": pl.Int64, "sharpness_converged": pl.Boolean}
     return pl.DataFrame(rows, schema=schema)
 
 
