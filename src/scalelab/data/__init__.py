@@ -8,9 +8,9 @@ class DataError(ValueError):
 
 
 # Re-exports below DataError: the submodules import it from here.
+from scalelab.data.sources import iter_documents  # noqa: E402
 from scalelab.data.corpus import (  # noqa: E402
     count_prepared,
-    iter_documents,
     iter_prepared,
     prepare_corpus,
     prepared_texts,
