@@ -7,6 +7,11 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
+# Threads per training process, set by the pipeline flow for each worker (cores / workers, issue 6). It overrides
+# `pretrain.threads` without being a param: it decides where the work runs, not what it computes (up to the order
+# of floating-point sums).
+THREADS_ENV = "SCALELAB_THREADS"
+
 
 def project_root() -> Path:
     """The folder holding params.yaml/dvc.yaml: SCALELAB_ROOT or DVC_ROOT, else the nearest ancestor of the cwd that has one."""
@@ -35,6 +40,8 @@ def offline_defaults() -> None:
         "DO_NOT_TRACK": "1",
         "PREFECT_HOME": str(root / ".prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # the flow's temporary Prefect server: 20 s by default, which a busy 2-core machine exceeds
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "DVC_NO_ANALYTICS": "1",
         "TOKENIZERS_PARALLELISM": "true",
     }

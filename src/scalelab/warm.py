@@ -1,0 +1,288 @@
+"""Warm start for stage processes (issue 6): a server that has already imported the training stack forks one process
+per stage command, so a cell pays neither the interpreter's start nor its imports (torch, Lightning, MLflow: seconds
+per cell, most of a small cell's cost outside its compute).
+
+    python -m scalelab.warm --socket /tmp/x/warm.sock [--parent PID]    # the flow starts one per run
+
+DVC runs a stage's command as always (`python stages/pretrain.py ...`). With SCALELAB_WARM naming a live server's
+socket, `scalelab.stage.stage_main` first calls `handoff()`: it sends the server its argv, working directory and
+environment, and its stdin/stdout/stderr as file descriptors (SCM_RIGHTS). The server forks; the child takes those
+streams, directory and environment and runs the script as `__main__`, in its own process group; the server reports
+the child's exit status back, and the stage's process exits with it, forwarding SIGINT/SIGTERM to the child's group
+meanwhile. The child owns its process as a fresh one would: Lightning's DDP launcher re-executes the command for the
+other ranks, which run cold (a rank never hands off). If the stage's process dies, the server ends its child.
+
+When anything is off (no server, the socket gone, a refused request) the stage runs in its own process as before.
+The server refuses to start with other threads running (a fork copies only the forking one) and is for CPU nodes:
+the flow does not start it where GPUs are visible (CUDA does not survive a fork once initialised).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+# The client's path (every stage's start) imports only the above; the server's modules are imported where used.
+
+WARM_ENV = "SCALELAB_WARM"  # the server's socket path, set by the flow for its tasks
+RANK_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK")
+PRELOAD = ("scalelab.train", "scalelab.tracking", "scalelab.model.export", "mlflow.store.tracking.sqlalchemy_store")
+_HEADER = struct.Struct("!I")
+# Native threads the preloaded libraries start that survive a fork by design: jemalloc's background threads (pyarrow;
+# jemalloc re-initialises itself in the child) and polars' spill-file cleaner (only for its out-of-core engine).
+FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd", "polars-ooc-clea"})
+
+
+def _native_threads() -> set[str]:
+    """The names of this process's threads other than the calling one (Linux /proc)."""
+    import threading
+
+    me = str(threading.get_native_id())
+    return {Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task") if t != me}
+
+
+def _send(sock: socket.socket, obj: object, fds: list[int] = ()) -> None:
+    data = json.dumps(obj).encode()
+    socket.send_fds(sock, [_HEADER.pack(len(data)) + data], list(fds))
+
+
+def _recv(sock: socket.socket, maxfds: int = 0) -> tuple[object, list[int]]:
+    """One length-prefixed JSON message (and up to `maxfds` descriptors); None at EOF."""
+    buf, fds = b"", []
+    while len(buf) < _HEADER.size or len(buf) < _HEADER.size + _HEADER.unpack(buf[:_HEADER.size])[0]:
+        chunk, got, _, _ = socket.recv_fds(sock, 1 << 16, maxfds)
+        fds += got
+        if not chunk:
+            return None, fds
+        buf += chunk
+    return json.loads(buf[_HEADER.size:]), fds
+
+
+# ---------------------------------------------------------------- client: the stage's own process
+def handoff() -> None:
+    """Run this stage in the warm server and exit with its status; return (run here) when there is none to use."""
+    path = os.environ.get(WARM_ENV)
+    if not path or any(os.environ.get(v, "0") != "0" for v in RANK_VARS) or not Path(sys.argv[0]).is_file():
+        return
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        env = {k: v for k, v in os.environ.items() if k != WARM_ENV}
+        _send(sock, {"argv": [os.path.abspath(sys.argv[0]), *sys.argv[1:]], "cwd": os.getcwd(), "env": env},
+              [0, 1, 2])
+        reply, _ = _recv(sock)
+    except OSError:
+        sock.close()
+        return  # no server (yet, or any more): run in this process
+    if not reply or "pid" not in reply:
+        sock.close()
+        return
+    pid = reply["pid"]
+
+    def forward(signum, frame):
+        try:
+            os.killpg(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    status, _ = _recv(sock)
+    sys.stdout.flush()
+    os._exit(status["exit"] if status else 1)
+
+
+# ---------------------------------------------------------------- server
+def _child(request: dict, fds: list[int], defaults: dict[str, str]) -> None:
+    """In the forked child: become the stage's process and run its script; never returns."""
+    import atexit
+    import io
+    import random
+    import runpy
+    import traceback
+
+    code = 1
+    try:
+        os.setsid()  # its own process group: the client's signals reach it and what it starts
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for key, value in defaults.items():  # what the preloaded modules set at import, as a cold start would
+            os.environ.setdefault(key, value)
+        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+        for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+            raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
+            text = io.TextIOWrapper(raw if fd == 0 else io.BufferedWriter(raw), encoding="utf-8", errors="replace",
+                                    line_buffering=fd == 2 or raw.isatty(), write_through=fd > 0 and unbuffered)
+            setattr(sys, name, text)
+        random.seed()
+        sys.argv = list(request["argv"])
+        sys.path[0] = os.path.dirname(sys.argv[0])  # as `python script.py` does
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = None) -> int:
+    """Import `preload`, then fork a child per request on the socket at `path` until `parent` (a pid) is gone."""
+    import importlib
+    import selectors
+    import threading
+
+    before = dict(os.environ)
+    for module in preload:
+        importlib.import_module(module)
+    defaults = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    if threading.active_count() > 1 or (others := _native_threads() - FORK_SAFE_THREADS):
+        print(f"scalelab.warm: threads {threading.enumerate()} {sorted(others)} run after the imports; not serving "
+              "(set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1 for the server)", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))  # ends its children, removes the socket
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = f"{path}.{os.getpid()}"
+    listener.bind(tmp)
+    listener.listen(64)
+    os.replace(tmp, path)  # clients see the socket only once it accepts
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (client connection, pidfd)
+    served = 0
+    try:
+        while parent is None or os.getppid() == parent:
+            for key, _ in sel.select(timeout=1.0):
+                if key.data == "accept":
+                    conn, _ = listener.accept()
+                    request, fds = _recv(conn, maxfds=3)
+                    if not request or len(fds) != 3:
+                        for fd in fds:
+                            os.close(fd)
+                        conn.close()
+                        continue
+                    pid = os.fork()
+                    if pid == 0:  # the child keeps only the stage's streams
+                        sel.close()
+                        listener.close()
+                        conn.close()
+                        for other, pidfd in children.values():
+                            other.close()
+                            os.close(pidfd)
+                        _child(request, fds, defaults)
+                    for fd in fds:
+                        os.close(fd)
+                    pidfd = os.pidfd_open(pid)
+                    children[pid] = (conn, pidfd)
+                    sel.register(pidfd, selectors.EVENT_READ, ("exit", pid))
+                    sel.register(conn, selectors.EVENT_READ, ("client", pid))
+                    _send(conn, {"pid": pid})
+                    served += 1
+                elif key.data[0] == "exit":  # a child ended: its status to its client
+                    pid = key.data[1]
+                    conn, pidfd = children.pop(pid)
+                    _, status = os.waitpid(pid, 0)
+                    code = os.waitstatus_to_exitcode(status)
+                    sel.unregister(pidfd)
+                    os.close(pidfd)
+                    if conn.fileno() in sel.get_map():
+                        sel.unregister(conn)
+                    try:
+                        _send(conn, {"exit": code if code >= 0 else 128 - code})
+                    except OSError:
+                        pass
+                    conn.close()
+                elif key.data[0] == "client":  # the stage's process went away (killed): end its child too
+                    pid = key.data[1]
+                    if pid in children and not children[pid][0].recv(1, socket.MSG_PEEK):
+                        sel.unregister(children[pid][0])
+                        try:
+                            os.killpg(pid, signal.SIGTERM)
+                        except ProcessLookupError:
+                            pass
+    finally:
+        print(f"scalelab.warm: served {served} stage(s)", file=sys.stderr, flush=True)
+        for pid in list(children):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return 0
+
+
+@contextlib.contextmanager
+def server(cwd: str | os.PathLike, log: Callable[[str], None] = print,
+           env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """A server for stage processes started from `cwd`, in the background (stages that start before it is ready
+    run cold), alive while the caller is: yields the environment that points stages at it. It runs with one thread
+    per library, each stage then sets its own share (SCALELAB_THREADS): OpenBLAS would otherwise start a thread
+    pool at import, which a fork does not carry. It imports what a stage run with `env` (default: this process's)
+    would. At the end, `log` gets its report (how many stages it served)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from scalelab.placement import thread_env
+
+    tmp = Path(tempfile.mkdtemp(prefix="scalelab-warm-"))
+    sock, errors = tmp / "warm.sock", tmp / "warm.log"
+    env = {**(os.environ if env is None else env), **thread_env(1), "OPENBLAS_NUM_THREADS": "1"}
+    env.pop(WARM_ENV, None)
+    cmd = [sys.executable, "-m", "scalelab.warm", "--socket", str(sock), "--parent", str(os.getpid())]
+    with open(errors, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    try:
+        yield {WARM_ENV: str(sock)}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if text := errors.read_text().strip():
+            log(text)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--socket", required=True, help="the Unix socket to serve on")
+    ap.add_argument("--parent", type=int, help="serve while this process lives")
+    ap.add_argument("--preload", nargs="*", default=list(PRELOAD), help="modules to import before serving")
+    args = ap.parse_args(argv)
+    return serve(args.socket, tuple(args.preload), args.parent)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
