@@ -36,7 +36,9 @@ def main(params: Params) -> None:
     out = Path("data/compress_summary")
     with tracking.stage_run("compress_summary", params={"grid": grid.model_dump(mode="json")},
                             experiment=params.tracking.experiment, deps=["metrics/compress"]) as run:
-        table, layer_table = summary.cells_table(cells), summary.layers_table(layers)
+        own = summary.distinct(cfg)
+        table = summary.cells_table(cells)
+        layer_table = summary.layers_table({key: recs for key, recs in layers.items() if key[0] in own})
         by_method = summary.by_method(table)
         dense = table["ppl_dense"].mean()
         entries = [claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"], cfg.claims_level)

@@ -73,8 +73,10 @@ def test_streamed_gram_equals_the_inputs_gram(arch):
     names = [n for block in decoder_linears(model) for n in block]
     assert len(names) == 14 and not any("embed" in n or "lm_head" in n for n in names)
     seen = {n: [] for n in names}
-    hooks = [model.get_submodule(n).register_forward_pre_hook(lambda m, a, n=n: seen[n].append(a[0].reshape(-1, a[0].shape[-1])))
-             for n in names]
+    def keep(name):
+        return lambda module, args: seen[name].append(args[0].reshape(-1, args[0].shape[-1]))
+
+    hooks = [model.get_submodule(n).register_forward_pre_hook(keep(n)) for n in names]
     for x, _ in data:
         logits(model, x)
     for h in hooks:
@@ -375,21 +377,24 @@ def test_summary_claims_follow_the_measured_differences(tmp_path):
             cells.append({"method": method, "kind": method, "keep": 0.5, "seed": seed, "val_nll": v,
                           "ppl": math.exp(v), "ppl_dense": 50.0, "loss_rel_svd_llm": 1.0, "seconds": 1.0})
             # a method's loss falls with its erank ratio: the claimed correlation, exactly
-            ratio = {"svd": 1.0}.get(method, 0.5 + 0.1 * (value - 4))
-            layers[method, 0.5, seed] = [{"name": f"l{i}", "rank": 3, "loss": ratio * (i + 1), "loss_rel_svd_llm": 1.0,
-                                          "erank_before": 10.0, "erank_after": 10.0 * ratio, "seconds": 0.1}
-                                         for i in range(4)]
+            ratio = [1.0 if method == "svd" else (0.5 + value - 4) * (1 - 0.1 * i) for i in range(4)]
+            layers[method, 0.5, seed] = [{"name": f"l{i}", "rank": 3, "loss": r * (i + 1), "loss_rel_svd_llm": 1.0,
+                                          "erank_before": 10.0, "erank_after": 10.0 * r, "seconds": 0.1}
+                                         for i, r in enumerate(ratio)]
     cfg = CompressConfig.model_validate({"methods": {m: {"kind": "svd_llm" if m == "svd_llm_e2e" else m,
                                                          **({"refine": "blocks"} if m == "svd_llm_e2e" else {})}
                                                      for m in nll},
                                          "grid": {"methods": list(nll), "keep": [0.5], "seeds": [0, 1, 2]}})
-    table, layer_table = summary.cells_table(cells), summary.layers_table(layers)
+    assert summary.distinct(cfg) == set(nll) - {"svd_llm_e2e"}  # a refined variant repeats its base's layers
+    table = summary.cells_table(cells)
+    layer_table = summary.layers_table({k: v for k, v in layers.items() if k[0] in summary.distinct(cfg)})
     entries = {s["id"]: claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"])
                for s in summary.claim_specs(table, layer_table, cfg)}
     assert entries["d.order.svd_llm.sigmascale@0.5"]["effect"] == pytest.approx(0.1)
     beyond = entries.pop("d.beyond.svd_llm_e2e.svd_llm@0.5")
     assert beyond["effect"] == pytest.approx(-0.05) and beyond["verdict"] == "contradicted"  # worse than SVD-LLM
-    assert len(entries) == 6 and all(e["verdict"] == "reproduced" for e in entries.values()), entries
+    assert len(entries) == 7 and all(e["verdict"] == "reproduced" for e in entries.values()), entries
+    assert entries["d.erank_loss.sigmascale"]["effect"] == pytest.approx(1.0)
     assert entries["d.erank_loss"]["effect"] == pytest.approx(1.0)
     summary.plot_ppl(summary.by_method(table), 50.0, tmp_path / "ppl.png")
     assert summary.plot_erank(layer_table, tmp_path / "erank.png") == pytest.approx(1.0)

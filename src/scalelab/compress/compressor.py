@@ -30,7 +30,8 @@ from scalelab.model.hf import mean_nll
 @dataclass
 class LayerRecord:
     """One compressed map: its layer loss ‖WX − ŴX‖²_F/(m·n) on the calibration inputs, SVD-LLM's at the same rank
-    (the optimum), and the spectrum concentration of W before and of the matrix the method truncated after scaling."""
+    (the optimum), and the spectrum concentration of W before and of the matrix the method truncated after scaling.
+    All of the method's own factors, before any end-to-end refinement (which acts on the whole model)."""
 
     name: str
     m: int
