@@ -1,40 +1,75 @@
-"""The Prefect flow that runs the DVC pipeline, one task per stage cell (DESIGN "Contracts: Prefect").
+"""The Prefect flow that runs the DVC pipeline, one task per stage cell, independent cells concurrently (DESIGN
+"Contracts: Prefect", issue 6).
 
-    python flows/pipeline.py                                   # every stage
+    python flows/pipeline.py                                   # every stage; cells at once on this machine
+    python flows/pipeline.py --workers 1                       # one stage at a time
     python flows/pipeline.py --target pretrain                 # every cell of a matrix stage (+ what they need)
     python flows/pipeline.py --target pretrain@standard-s-0 --downstream   # a cell and everything that depends on it
+    python flows/pipeline.py --runner dask [--address tcp://scheduler:8786]   # Dask: a LocalCluster, or a cluster
+    python flows/pipeline.py --runner slurm --workers 16       # Dask on SLURM jobs (dask-jobqueue, see README)
+    python flows/pipeline.py --runner ray [--address ray://head:10001]        # Ray: a local instance, or a cluster
 
 DVC owns the DAG and the cache: the flow reads the stage graph from DVC, so stages added later are picked up, and each
 task runs `dvc repro --single-item <stage>` in a subprocess (training owns its process: Lightning's DDP launcher
-re-executes the command), one at a time since DVC allows one repro per workspace, its output streamed into the Prefect
-log. A stage `dvc status` reports up to date, none of whose dependencies ran in this flow, is skipped without a
-subprocess, so a second run reruns nothing. The flow opens the MLflow parent run that the stages' child runs nest
-under, and ends with a markdown artifact linking them.
+re-executes the command), its output streamed into the Prefect log. Every task is submitted with its upstream tasks'
+futures as inputs, so the Prefect UI draws the DAG and marks what did not run after a failure (NotReady).
+
+Concurrency, measured on DVC 3.67: `dvc repro` holds the repo lock (.dvc/tmp/lock) while it reads the pipeline,
+checks the stage, hashes and caches its outs and rewrites dvc.lock (read-modify-write of that stage's entry only), but
+releases it while the stage's command runs (dvc.stage.decorators.unlocked_repo); the command's deps are read-locked
+and its outs write-locked in .dvc/tmp/rwlock. So cells run concurrently as separate `dvc --wait-for-lock repro
+--single-item` processes: they queue for the repo lock only for DVC's own bookkeeping, and dvc.lock is only ever
+written under that lock. A stage whose files another running stage holds fails at once with a lock error (it cannot
+happen between independent stages, whose paths do not overlap); the task retries it, not counting it as a failure.
+
+Placement: at most `--workers` cells run at once, each on its share of the machine (scalelab.placement: cores /
+workers threads; one GPU each on GPU nodes). On CPU nodes stage processes start warm (scalelab.warm: forked from a
+server that has done the imports). A stage `dvc status` reported up to date, none of whose upstream stages
+ran in this flow, finishes at once as "up to date" without a subprocess: a second run reruns nothing and still shows
+every stage it checked. The flow opens the MLflow parent run that the stages' child runs nest under, and ends with a
+markdown artifact linking them.
 """
 
 import scalelab  # noqa: I001  first: sets PREFECT_HOME, telemetry off and the MLflow URI before prefect reads them
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
+import time
+from contextlib import nullcontext
 from pathlib import Path
 
+import cloudpickle
 import networkx as nx
 import yaml
 from dvc.repo import Repo
 from dvc.stage import PipelineStage
-from prefect import flow, get_run_logger, task
+from prefect import allow_failure, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
+from prefect.states import State
+from prefect.task_runners import ThreadPoolTaskRunner
 
-from scalelab import profile, tracking
+from scalelab import placement, profile, tracking, warm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # flows/ (imported by path in tests)
+import runners  # noqa: E402
+
+if __name__ != "__main__" and __name__ in sys.modules:  # imported (flows/serve.py): Dask and Ray workers cannot
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # import flows/, so its tasks travel by value
 
 DEFAULT_RETRIES = 2  # every stage is idempotent: training resumes from its checkpoint
 # Stage-name prefix -> retries. Data stages are deterministic: a retry would only repeat the same error.
-RETRIES = {"prepare": 0, "tokenize": 0}
+RETRIES = {"validate": 0, "prepare": 0, "tokenize": 0}
+RAN = ("ran", "restored from cache")
+# DVC's messages when another process holds a lock it needs (dvc.rwlock, dvc.lock): retried, not a failure
+LOCK_ERRORS = ("is busy, it is being blocked by", "Unable to acquire lock")
+LOCK_PATIENCE_S = 900
 
 
 def retries_for(stage: str) -> int:
@@ -77,12 +112,40 @@ def changed_stages(root: Path) -> set[str] | None:
 
 
 @task(task_run_name="{stage}", retries=DEFAULT_RETRIES, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def run_stage(stage: str, root: str, extra_env: dict[str, str]) -> str:
-    """`dvc repro --single-item <stage>` with its output streamed into the Prefect log; returns what DVC did."""
+def run_stage(stage: str, root: str, env: dict[str, str], changed: bool, upstream: dict[str, str]) -> str:
+    """One stage cell: "up to date" at once when DVC reported it unchanged and none of its `upstream` stages (their
+    statuses) ran in this flow; else `dvc repro --single-item` on a worker's share of the machine. Returns what DVC
+    did: "ran", "restored from cache" or "up to date"."""
     logger = get_run_logger()
+    if not changed and not any(status in RAN for status in upstream.values()):
+        logger.info(f"{stage}: up to date")
+        return "up to date"
+    with placement.share() as share:
+        gpus = f", GPU {share['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in share else ""
+        logger.info(f"{stage}: dvc repro, {share[scalelab.THREADS_ENV]} thread(s){gpus}")
+        return repro(stage, Path(root), share | env, logger)
+
+
+def repro(stage: str, root: Path, extra_env: dict[str, str], logger) -> str:
+    """`dvc --wait-for-lock repro --single-item <stage>` with its output in the log; retried while it only met a lock
+    another process holds."""
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` in cmds: this venv
-    cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", stage]
+    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item", stage]
+    deadline = time.monotonic() + LOCK_PATIENCE_S
+    for attempt in itertools.count(1):
+        returncode, outcome, tail = _stream(cmd, root, env, stage, logger)
+        if returncode == 0:
+            return outcome
+        if any(m in line for line in tail for m in LOCK_ERRORS) and time.monotonic() < deadline:
+            delay = min(30, 2**attempt)
+            logger.info(f"{stage}: DVC lock held by another process; retrying in {delay} s")
+            time.sleep(delay)
+            continue
+        raise RuntimeError(f"stage {stage} failed (exit {returncode}):\n" + "\n".join(tail))
+
+
+def _stream(cmd: list[str], root: Path, env: dict[str, str], stage: str, logger) -> tuple[int, str, list[str]]:
     outcome, tail = "up to date", []
     pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
     with subprocess.Popen(cmd, cwd=root, env=env, **pipe) as proc:
@@ -95,9 +158,7 @@ def run_stage(stage: str, root: str, extra_env: dict[str, str]) -> str:
                 outcome = "ran"
             elif line.startswith(f"Stage '{stage}' is cached"):
                 outcome = "restored from cache"
-    if proc.returncode:
-        raise RuntimeError(f"stage {stage} failed (exit {proc.returncode}):\n" + "\n".join(tail))
-    return outcome
+    return proc.returncode, outcome, tail
 
 
 def recorded_run(outs: list[Path]) -> str | None:
@@ -131,49 +192,92 @@ def _experiment(root: Path) -> str:
     return ((raw or {}).get("tracking") or {}).get("experiment", "scalelab")
 
 
-@flow(name="scalelab-pipeline")
-def pipeline(targets: list[str] | None = None, downstream: bool = False, params_file: str | None = None) -> list[dict]:
-    """Run the DVC stages (all, or `targets` as `dvc repro` would) as Prefect tasks; returns each stage's status.
+def _status(state: State) -> str:
+    """A task's final state as the artifact shows it: its result, "failed", or "not run" (upstream failed)."""
+    if state.is_completed():
+        return state.result()
+    return "failed" if state.is_failed() or state.is_crashed() else "not run"
 
-    `params_file` switches the profile first (validated, then copied over params.yaml; the old one kept as .prev)."""
+
+@flow(name="scalelab-pipeline", task_runner=runners.task_runner("threads"))
+def pipeline(targets: list[str] | None = None, downstream: bool = False, params_file: str | None = None,
+             workers: int | None = None, gpus_per_task: float = 0) -> list[dict]:
+    """Run the DVC stages (all, or `targets` as `dvc repro` would) as Prefect tasks, up to `workers` at once (default:
+    one per GPU, else one per core up to 8); returns each stage's status in dependency order.
+
+    `params_file` switches the profile first (validated, then copied over params.yaml; the old one kept as .prev).
+    `gpus_per_task`: what each task asks a Ray cluster for (Ray hides GPUs from tasks that ask for none)."""
     logger, root = get_run_logger(), scalelab.project_root()
     if params_file and Path(params_file).resolve() != (root / "params.yaml").resolve():
         profile.switch(Path(params_file), root / "params.yaml")
         logger.info(f"params.yaml <- {params_file}")
+    # Params are checked before any stage touches its outs by the DAG's head stage `validate` (scalelab.check),
+    # which every stage depends on: when it fails, every other task ends NotReady.
     graph = stage_graph(root)
     order, changed = select(graph, targets, downstream), changed_stages(root)
-    logger.info(f"{len(order)} stages: {', '.join(order)}")
-    results: list[dict] = []
+    workers = workers or placement.default_workers()
+    runner = FlowRunContext.get().task_runner
+    local = isinstance(runner, ThreadPoolTaskRunner)
+    if local:
+        placement.open_pool(workers)
+    where = f"{workers} at once on this machine" if local else f"on {type(runner).__name__} workers"
+    logger.info(f"{len(order)} stages, {where}: {', '.join(order)}")
     tags = {"prefect.flow_run_id": flow_run.id, "scalelab.targets": " ".join(targets or ["all"])}
-    with tracking.pipeline_run(f"pipeline {flow_run.name}", experiment=_experiment(root), tags=tags) as parent:
-        env = {tracking.FLOW_RUN_ENV: flow_run.id} | ({tracking.PARENT_ENV: parent.run_id} if parent.run_id else {})
-        executed, failed = set(), None
-        for stage in order:
+    # Stage processes start warm on this machine's CPUs (scalelab.warm); not on GPUs: CUDA does not survive a fork
+    to_run = changed is None or bool(changed & set(order))  # else every task finishes at once, "up to date"
+    warm_start = local and to_run and not placement.local_gpus() and os.environ.get(warm.WARM_ENV) != "0"
+    try:
+        with (tracking.pipeline_run(f"pipeline {flow_run.name}", experiment=_experiment(root), tags=tags) as parent,
+              warm.server(root, logger.info) if warm_start else nullcontext({}) as warm_env):
+            env = {tracking.FLOW_RUN_ENV: flow_run.id} | ({tracking.PARENT_ENV: parent.run_id} if parent.run_id else {})
+            env |= warm_env
+            futures = {}
+            for stage in order:  # dependency order: a task's upstream futures exist when it is submitted
+                upstream = {u: futures[u] for u in graph.successors(stage) if u in futures}
+                is_changed = changed is None or stage in changed
+                # Upstream results as inputs (the task skips DVC when none ran) and as wait_for: a failed one makes
+                # this task NotReady after its run got the stage's name (allow_failure: not while reading inputs).
+                with runners.resources(runner, gpus_per_task):
+                    futures[stage] = run_stage.with_options(retries=retries_for(stage)).submit(
+                        stage, str(root), env, is_changed, {u: allow_failure(f) for u, f in upstream.items()},
+                        wait_for=list(upstream.values()))
+            for future in futures.values():
+                future.wait()
+            states = {stage: future.state for stage, future in futures.items()}
+            results = [{"stage": stage, "status": _status(state)} for stage, state in states.items()]
+            markdown = summary(results, graph, parent, root)
+            create_markdown_artifact(markdown, key="scalelab-pipeline", description="DVC stages and their MLflow runs")
+            if (report_md := root / "data/report/report.md").is_file():  # the report and its ledger, in Prefect
+                create_markdown_artifact(report_md.read_text(), key="scalelab-report", description=str(report_md))
+            failed = [stage for stage, state in states.items() if state.is_failed() or state.is_crashed()]
             if failed:
-                status = "not run"
-            elif changed is not None and stage not in changed and not executed & set(graph.successors(stage)):
-                status = "up to date"
-            else:
-                try:
-                    status = run_stage.with_options(retries=retries_for(stage))(stage, str(root), env)
-                except Exception as err:
-                    status, failed = "failed", err
-            if status in ("ran", "restored from cache"):
-                executed.add(stage)
-            results.append({"stage": stage, "status": status})
-        markdown = summary(results, graph, parent, root)
-        create_markdown_artifact(markdown, key="scalelab-pipeline", description="DVC stages and their MLflow runs")
-        if (report_md := root / "data/report/report.md").is_file():  # the report and its ledger, in Prefect
-            create_markdown_artifact(report_md.read_text(), key="scalelab-report", description=str(report_md))
-        if failed:
-            raise RuntimeError(f"pipeline stopped: {failed}") from failed
+                raise RuntimeError(f"pipeline stopped: {', '.join(failed)} failed; "
+                                   f"{sum(r['status'] == 'not run' for r in results)} stages not run")
+            if left := sorted((changed_stages(root) or set()) & set(order)):  # the invariant of a concurrent run
+                logger.warning(f"DVC still reports changed after this run (edited while it ran?): {', '.join(left)}")
+    finally:
+        if local:
+            placement.close_pool()
     return results
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description="Run the DVC pipeline as a Prefect flow.")
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", action="append", dest="targets", help="a stage or matrix cell (repeatable)")
     ap.add_argument("--downstream", action="store_true", help="run the targets and what depends on them")
     ap.add_argument("--params-file", help="a params file (e.g. configs/cpu-study.yaml) to switch in first")
-    args = ap.parse_args()
-    pipeline(targets=args.targets, downstream=args.downstream, params_file=args.params_file)
+    ap.add_argument("--workers", type=int, help="cells at once (default: one per GPU, else one per core up to 8)")
+    ap.add_argument("--runner", choices=runners.KINDS, default="threads", help="where tasks run (default: here)")
+    ap.add_argument("--address", help="an existing Dask scheduler or Ray cluster to run on")
+    ap.add_argument("--gpus-per-task", type=float, default=0, help="GPUs each task asks a Ray cluster for")
+    args = ap.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        ap.error("--workers must be at least 1")
+    runner = runners.task_runner(args.runner, args.workers, args.address)
+    pipeline.with_options(task_runner=runner)(targets=args.targets, downstream=args.downstream,
+                                              params_file=args.params_file, workers=args.workers,
+                                              gpus_per_task=args.gpus_per_task)
+
+
+if __name__ == "__main__":
+    main()

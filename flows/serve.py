@@ -5,8 +5,9 @@
     python flows/serve.py                                  # terminal 2: runs `scalelab-nightly` at 03:00 daily
 
 Servers bind 127.0.0.1: nothing is exposed beyond this machine. SCALELAB_CRON overrides the schedule (cron syntax,
-e.g. "0 */6 * * *"); "Run" in the UI starts the deployment now, with parameters (targets, downstream, params_file).
-Runs execute in this process's workspace, one at a time (limit=1: DVC allows one repro per workspace).
+e.g. "0 */6 * * *"); "Run" in the UI starts the deployment now, with parameters (targets, downstream, params_file,
+workers). Runs execute in this process's workspace, one flow run at a time (limit=1: two would race to build the same
+stages), each running its independent cells concurrently on the thread runner.
 """
 
 import scalelab  # noqa: I001  first: sets PREFECT_HOME and telemetry off before prefect reads its settings

@@ -52,3 +52,12 @@ def micro_params():
     from scalelab.config import load_params
 
     return load_params(MICRO)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect server for every flow test of the session (started slowly on a busy machine)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

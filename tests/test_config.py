@@ -1,5 +1,6 @@
 """The params schema: every shipped params file validates; typos and bad values fail naming the key path."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -71,11 +72,29 @@ def test_cross_references_are_checked():
 
 
 def test_model_shape_checks():
+    """At load time, under the size's key path (a traceback from resolve_model before)."""
+    for key, value, needle in (("n_kv_head", 3, "n_head (4) must be divisible by n_kv_head (3)"),
+                               ("n_head", 3, "d_model (64) must be divisible by n_head (3)"),
+                               ("d_model", 60, "head_dim = d_model / n_head (15) must be even"),
+                               ("d_ff", float("inf"), "d_ff")):
+        raw = _raw()
+        raw["model"]["sizes"]["xs"][key] = value
+        with pytest.raises(ParamsError, match=rf"model\.sizes\.xs.*{re.escape(needle)}"):
+            parse_params(raw)
+
+
+def test_floats_are_finite_and_names_safe():
+    for section, key, value in (("optim", "adamw", {"name": "adamw", "lr": float("inf")}),
+                                ("optim", "adamw", {"name": "adamw", "lr": float("nan")}),
+                                ("pretrain", "grad_clip", float("inf"))):
+        raw = _raw()
+        raw[section][key] = value
+        with pytest.raises(ParamsError, match=rf"{section}\.{key}"):
+            parse_params(raw)
     raw = _raw()
-    raw["model"]["sizes"]["xs"]["n_kv_head"] = 3
-    params = parse_params(raw)
-    with pytest.raises(ValueError, match="divisible by n_kv_head"):
-        params.resolve_model("xs", "standard", vocab_size=100)
+    raw["optim"]["adam w"] = raw["optim"]["adamw"]
+    with pytest.raises(ParamsError, match=r"optim\.adam w: invalid name"):
+        parse_params(raw)
 
 
 def test_missing_file_is_clear(tmp_path):

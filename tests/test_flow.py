@@ -1,4 +1,5 @@
-"""flows/pipeline.py on a tiny DVC project: a -> b -> c (matrix over x, y), stages tracked with stage_run."""
+"""flows/pipeline.py on a tiny DVC project: a -> b -> c (matrix over x, y), stages tracked with stage_run; the cells
+of c run concurrently (issue 6) and every invariant of a concurrent run holds."""
 
 import importlib.util
 import json
@@ -10,33 +11,43 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import FAST_TMP
 from mlflow import MlflowClient
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-from prefect.testing.utilities import prefect_test_harness
+from prefect.client.schemas.filters import (
+    ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId, TaskRunFilter, TaskRunFilterFlowRunId,
+)
+
+from scalelab import placement
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("scalelab_flow", ROOT / "flows" / "pipeline.py")
 flow_mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(flow_mod)
+DVC = [sys.executable, "-m", "dvc"]
+STAGES = ["a", "b", "c@x", "c@y"]
 
+# Each stage logs "<stage> <start> <end> <threads>"; the cells of c take a second, so two at once overlap.
 STAGE = """\
 import os, sys, time
 from pathlib import Path
 import yaml
 from scalelab import tracking
 
+start = time.time()
 name, dep, out = sys.argv[1:]
 params = yaml.safe_load(open("params.yaml"))
 if params.get("fail") == os.environ["DVC_STAGE"]:
     sys.exit("failing on purpose")
 with tracking.stage_run(os.environ["DVC_STAGE"], params=params, deps=[dep] if dep != "-" else []) as run:
     text = (Path(dep).read_text() if dep != "-" else "") + f"{name}={params['value'][name]};"
+    if name in ("x", "y"):
+        time.sleep(1)
     Path(out).write_text(text)
     run.record(Path(out).stem + "_run")
 with open("order.log", "a") as f:
-    f.write(f"{os.environ['DVC_STAGE']} {time.time()}\\n")
+    f.write(f"{os.environ['DVC_STAGE']} {start} {time.time()} {os.environ.get('SCALELAB_THREADS')}\\n")
 """
 
 DVC_YAML = """\
@@ -68,21 +79,21 @@ def write_params(root: Path, x: int = 1, y: int = 1, fail: str = "none") -> None
     (root / "params.yaml").write_text(f"value: {{a: 1, b: 1, x: {x}, y: {y}}}\nfail: {fail}\n")
 
 
-@pytest.fixture(scope="session")
-def harness():
-    with prefect_test_harness():
-        yield
+def dvc(root: Path, *args: str) -> str:
+    res = subprocess.run(DVC + list(args), cwd=root, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, harness):
-    """The tiny project, after a first flow run; yields (root, results, flow run id)."""
+def project(tmp_path_factory, prefect_harness):
+    """The tiny project, after a first flow run with 2 workers; yields (root, results, flow run id)."""
     root = tmp_path_factory.mktemp("proj")
     sh = lambda *cmd: subprocess.run(cmd, cwd=root, check=True, capture_output=True)  # noqa: E731
     sh("git", "init", "-q")
-    sh(sys.executable, "-m", "dvc", "init", "-q")
-    sh(sys.executable, "-m", "dvc", "config", "core.check_update", "false")
-    sh(sys.executable, "-m", "dvc", "config", "core.analytics", "false")
+    sh(*DVC, "init", "-q")
+    sh(*DVC, "config", "core.check_update", "false")
+    sh(*DVC, "config", "core.analytics", "false")
     (root / "stage.py").write_text(STAGE)
     (root / "dvc.yaml").write_text(DVC_YAML)
     write_params(root)
@@ -94,7 +105,7 @@ def project(tmp_path_factory, harness):
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{fast_dir / 'mlflow.db'}")
         for var in ("SCALELAB_PARENT_RUN_ID", "SCALELAB_PREFECT_FLOW_RUN_ID", "SCALELAB_RUN_ID"):
             mp.delenv(var, raising=False)
-        state = flow_mod.pipeline(return_state=True)
+        state = flow_mod.pipeline(return_state=True, workers=2)
         yield root, state.result(), str(state.state_details.flow_run_id)
     shutil.rmtree(fast_dir)
 
@@ -106,26 +117,55 @@ def pipeline_artifact(flow_run_id: str):
     return artifact
 
 
-def order(root: Path) -> list[str]:
-    return [line.split()[0] for line in (root / "order.log").read_text().splitlines()]
+def task_runs(flow_run_id: str) -> dict[str, str]:
+    """Each task run of a flow run: its name -> its state's name."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(
+            flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id])))
+    return {r.name: r.state.name for r in runs}
 
 
-def test_first_run_builds_everything_in_dependency_order(project):
+def flow_logs(flow_run_id: str) -> list[str]:
+    with get_client(sync_client=True) as client:
+        return [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))]
+
+
+def runs(root: Path) -> list[tuple[str, float, float, str]]:
+    rows = [line.split() for line in (root / "order.log").read_text().splitlines()]
+    return [(stage, float(start), float(end), threads) for stage, start, end, threads in rows]
+
+
+def test_first_run_builds_everything_cells_at_once(project):
     root, results, _ = project
     assert [r["status"] for r in results] == ["ran"] * 4
-    assert order(root) == ["a", "b", "c@x", "c@y"]
+    spans = {stage: (start, end) for stage, start, end, _ in runs(root)}
+    assert spans["a"][1] <= spans["b"][0] and spans["b"][1] <= min(spans["c@x"][0], spans["c@y"][0])
+    (x0, x1), (y0, y1) = spans["c@x"], spans["c@y"]
+    assert x0 < y1 and y0 < x1  # the two cells ran at the same time
     assert (root / "c_x.txt").read_text() == "a=1;b=1;x=1;" and (root / "c_y.txt").exists()
+
+
+def test_each_cell_gets_its_share_of_the_cores(project):
+    root, _, _ = project
+    expected = str(max(1, (os.cpu_count() or 1) // 2))
+    assert {threads for *_, threads in runs(root)} == {expected}
+
+
+def test_after_a_concurrent_run_dvc_lock_is_complete_and_status_clean(project):
+    root, _, _ = project
+    assert sorted(yaml.safe_load((root / "dvc.lock").read_text())["stages"]) == STAGES
+    assert "up to date" in dvc(root, "status")
 
 
 def test_mlflow_parent_has_one_child_per_stage(project):
     root, _, flow_run_id = project
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("scalelab")
-    runs = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
-    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == len(runs) - 1
-    assert sorted(c.data.tags["dvc.stage"] for c in children) == ["a", "b", "c@x", "c@y"]
+    found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+    (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == len(found) - 1
+    assert sorted(c.data.tags["dvc.stage"] for c in children) == STAGES
     assert all(c.data.tags["prefect.flow_run_id"] == flow_run_id and c.info.status == "FINISHED" for c in children)
     assert parent.info.status == "FINISHED"
 
@@ -138,12 +178,14 @@ def test_markdown_artifact_links_the_runs(project):
     assert "| `c@y` | ran |" in artifact.data and run_id in artifact.data
 
 
-def test_second_run_reruns_nothing(project):
+def test_second_run_reruns_nothing_and_shows_every_stage(project):
     root, _, _ = project
     before = {p: p.stat().st_mtime_ns for p in root.glob("*.txt")}
-    results = flow_mod.pipeline()
-    assert [r["status"] for r in results] == ["up to date"] * 4
+    state = flow_mod.pipeline(return_state=True, workers=2)
+    assert [r["status"] for r in state.result()] == ["up to date"] * 4
+    assert task_runs(str(state.state_details.flow_run_id)) == dict.fromkeys(STAGES, "Completed")
     assert {p: p.stat().st_mtime_ns for p in root.glob("*.txt")} == before
+    assert "Running stage" not in dvc(root, "repro")  # nor does a plain dvc repro
 
 
 def test_selecting_one_matrix_cell_runs_only_it(project):
@@ -152,7 +194,7 @@ def test_selecting_one_matrix_cell_runs_only_it(project):
     results = flow_mod.pipeline(targets=["c@x"])
     assert {r["stage"]: r["status"] for r in results} == {"a": "up to date", "b": "up to date", "c@x": "ran"}
     assert (root / "c_x.txt").read_text().endswith("x=2;") and (root / "c_y.txt").read_text().endswith("y=1;")
-    assert order(root)[-1] == "c@x"
+    assert runs(root)[-1][0] == "c@x"
 
 
 def test_selection_rules(project):
@@ -164,15 +206,55 @@ def test_selection_rules(project):
         flow_mod.select(graph, ["nope"])
 
 
+def test_a_stage_that_only_met_a_lock_is_retried(project, monkeypatch):
+    """Another live process holds DVC's write lock on c@y's out: the task's first `dvc repro` fails on the lock, the
+    holder then ends, and the retry runs the stage."""
+    root, _, _ = project
+    holder = subprocess.Popen(["sleep", "120"])
+    rwlock = root / ".dvc" / "tmp" / "rwlock"
+    rwlock.write_text(json.dumps({"write": {str(root / "c_y.txt"): {"pid": holder.pid, "cmd": "test holder"}}}))
+    attempts, real_stream = [], flow_mod._stream
+
+    def stream(cmd, cwd, env, stage, logger):
+        returncode, outcome, tail = real_stream(cmd, cwd, env, stage, logger)
+        if stage == "c@y":
+            attempts.append(returncode)
+            holder.kill()  # released after the first attempt; DVC drops a dead holder's entries by itself
+            holder.wait()
+        return returncode, outcome, tail
+
+    monkeypatch.setattr(flow_mod, "_stream", stream)
+    try:
+        state = flow_mod.pipeline(targets=["c@y"], return_state=True)
+    finally:
+        holder.kill()
+    assert {r["stage"]: r["status"] for r in state.result()}["c@y"] == "ran"
+    assert attempts[0] != 0 and attempts[-1] == 0 and (root / "c_y.txt").read_text().endswith("y=2;")
+    logs = flow_logs(str(state.state_details.flow_run_id))
+    assert any("DVC lock held by another process; retrying" in m for m in logs)
+
+
 def test_a_failed_stage_stops_what_depends_on_it(project, monkeypatch):
     root, _, _ = project
     monkeypatch.setattr(flow_mod, "DEFAULT_RETRIES", 0)
     write_params(root, fail="b")
-    state = flow_mod.pipeline(return_state=True)
+    state = flow_mod.pipeline(return_state=True, workers=2)
     assert state.is_failed()
-    artifact = pipeline_artifact(str(state.state_details.flow_run_id))
+    flow_run_id = str(state.state_details.flow_run_id)
+    artifact = pipeline_artifact(flow_run_id)
     assert "| `b` | failed |" in artifact.data and "| `c@y` | not run |" in artifact.data
+    assert task_runs(flow_run_id) == {"a": "Completed", "b": "Failed", "c@x": "NotReady", "c@y": "NotReady"}
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("scalelab")
-    runs = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{state.state_details.flow_run_id}'")
-    assert [r.info.status for r in runs] == ["FAILED"]  # the flow's parent run; b failed before opening a child
+    found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+    assert [r.info.status for r in found] == ["FAILED"]  # the flow's parent run; b failed before opening a child
+
+
+def test_shares_divide_cores_and_gpus():
+    assert placement.shares(2, cores=2, gpus=[]) == [placement.thread_env(1)] * 2
+    eight = placement.shares(2, cores=16, gpus=[str(i) for i in range(8)])
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in eight] == ["0,1,2,3", "4,5,6,7"]
+    assert {s["OMP_NUM_THREADS"] for s in eight} == {"8"}
+    one_each = placement.shares(8, cores=16, gpus=[str(i) for i in range(8)])
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in one_each] == [str(i) for i in range(8)]
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in placement.shares(4, cores=4, gpus=["0", "1"])] == ["0", "1", "0", "1"]

@@ -9,13 +9,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError, model_validator
 
-from scalelab.config.base import NonNegInt, ParamsError, Strict
+from scalelab.config.base import Name, NonNegInt, ParamsError, Strict
 from scalelab.config.compress import CompressConfig
 from scalelab.config.data import PrepareConfig, TokenizeConfig, TokenizerConfig
 from scalelab.config.evaluate import EvaluateConfig
 from scalelab.config.hidden_decoding import HiddenDecodingConfig
 from scalelab.config.model import ArchConfig, ModelConfig
 from scalelab.config.optim import OptimizerConfig
+from scalelab.config.optbench import OptBenchConfig
 from scalelab.config.pretrain import PretrainConfig, ScalingConfig
 
 
@@ -30,12 +31,13 @@ class Params(Strict):
     tokenizer: TokenizerConfig = TokenizerConfig()
     tokenize: TokenizeConfig = TokenizeConfig()
     model: ArchConfig
-    optim: dict[str, OptimizerConfig]
+    optim: dict[Name, OptimizerConfig]
     pretrain: PretrainConfig
     scaling: ScalingConfig = ScalingConfig()
-    compress: CompressConfig | None = None  # METHODS §D
     evaluate: EvaluateConfig | None = None  # evaluation cells and the report (config/evaluate.py)
     hidden_decoding: HiddenDecodingConfig | None = None  # METHODS §C
+    compress: CompressConfig | None = None  # METHODS §D
+    optimizers: OptBenchConfig | None = None  # METHODS §B: the optimizer benchmark (config/optbench.py)
 
     @model_validator(mode="after")
     def _cross_check(self) -> "Params":
@@ -53,6 +55,11 @@ class Params(Strict):
                 )
         if self.evaluate is not None and (bad := sorted(set(self.evaluate.sizes) - set(g.sizes))):
             raise ValueError(f"evaluate.sizes: {bad} not in pretrain.grid.sizes {g.sizes}")
+        if (ob := self.optimizers) is not None:
+            for axis, names, known in (("optimizers", ob.optimizers, self.optim), ("sizes", ob.sizes, self.model.sizes),
+                                       ("variant", [ob.variant], self.model.variants)):
+                if bad := sorted(set(names) - set(known)):
+                    raise ValueError(f"optimizers.{axis}: unknown {bad}; known: {sorted(known)}")
         return self
 
     def resolve_model(self, size: str, variant: str, vocab_size: int, moe: bool = False,
@@ -73,25 +80,36 @@ class Params(Strict):
             moe = moe or r.moe
             if r.post_norm is not None:
                 shared["post_norm"] = r.post_norm
-        return ModelConfig(
-            vocab_size=vocab_size,
-            max_seq_len=self.pretrain.seq_len,
-            scale=arch.variants[variant],
-            moe=arch.moe if moe else None,
-            **shared,
-            **arch.sizes[size].model_dump(),
-        )
+        try:
+            return ModelConfig(
+                vocab_size=vocab_size,
+                max_seq_len=self.pretrain.seq_len,
+                scale=arch.variants[variant],
+                moe=arch.moe if moe else None,
+                **shared,
+                **arch.sizes[size].model_dump(),
+            )
+        except ValidationError as err:
+            raise ParamsError(_format(err, f"the model of size {size!r}, variant {variant!r}")) from None
 
 
 def _format(err: ValidationError, source: str) -> str:
-    lines = [f"invalid params in {source}:"]
+    """One line: every error as `key.path: what is wrong`, the offending value when it is short."""
+    problems = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = [str(p) for p in e["loc"] if p != "[key]"]  # "[key]": the dict key itself is the bad value
+        path = ".".join(loc) or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {path}: unknown key (typo?); allowed keys are the fields of its section")
+            problems.append(f"{path}: unknown key (typo?); allowed keys are the fields of its section")
+        elif e["type"] == "string_pattern_mismatch":
+            problems.append(f"{path}: invalid name {e['input']!r}: only letters, digits, '_', '.', '-' (names reach "
+                            "command lines and paths)")
         else:
-            lines.append(f"  {path}: {e['msg']} (got {e.get('input')!r})")
-    return "\n".join(lines)
+            msg = e["msg"].removeprefix("Value error, ")
+            got = e.get("input")
+            shown = f" (got {got!r})" if not isinstance(got, (dict, list)) and len(repr(got)) <= 60 else ""
+            problems.append(f"{path}: {msg}{shown}")
+    return f"invalid params in {source}: " + "; ".join(problems)
 
 
 def parse_params(raw: dict[str, Any], source: str = "<dict>") -> Params:
@@ -106,8 +124,14 @@ def load_params(path: str | os.PathLike | None = None) -> Params:
     path = Path(path or "params.yaml")
     if not path.is_file():
         raise ParamsError(f"params file not found: {path}")
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        what = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ParamsError(f"{path}{where}: YAML syntax error: {what}") from None
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: top level must be a mapping")
     return parse_params(raw, str(path))

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from scalelab.config.base import NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
+from scalelab.config.base import Name, NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
 from scalelab.config.optim import ScheduleConfig
 
 class RecipeConfig(Strict):
@@ -32,12 +32,12 @@ class SharpnessConfig(Strict):
 class GridConfig(Strict):
     """The matrix axes that dvc.yaml expands; short names whose details live elsewhere in params."""
 
-    variants: list[str]
-    sizes: list[str]
+    variants: list[Name]
+    sizes: list[Name]
     seeds: list[NonNegInt]
-    recipes: list[str] = []  # extra recipes (Muon, WSD, MoE, Peri-LN) over the axes below
-    recipe_variants: list[str] = []
-    recipe_sizes: list[str] = []
+    recipes: list[Name] = []  # extra recipes (Muon, WSD, MoE, Peri-LN) over the axes below
+    recipe_variants: list[Name] = []
+    recipe_sizes: list[Name] = []
 
 
 class PretrainConfig(Strict):
@@ -48,6 +48,9 @@ class PretrainConfig(Strict):
     val_every: PosInt = 100
     val_tokens: PosInt = 32768
     ckpt_every: PosInt = 100
+    # Stale checkpoints (ckpt/stale-*: other params, or a completed run moved aside by a rerun) to keep, newest first.
+    # Interrupted ones are resumable under their own params and never deleted. Not part of the training config hash.
+    keep_stale: NonNegInt = 2
     # No fp16: the manual-optimization loop clips and checks unscaled gradients, so it has no GradScaler.
     precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true"
     grad_clip: NonNegFloat = 1.0
@@ -63,7 +66,7 @@ class PretrainConfig(Strict):
     peak_flops: PosFloat | None = None  # per device; None: measured with a matmul at start
     gamma_every: PosInt = 50
     sharpness: SharpnessConfig = SharpnessConfig()
-    recipes: dict[str, RecipeConfig]
+    recipes: dict[Name, RecipeConfig]
     grid: GridConfig
 
     @model_validator(mode="after")
@@ -76,6 +79,9 @@ class PretrainConfig(Strict):
                              f"({self.accumulate}) micro-batches on each of {world} devices")
         if "base" not in self.recipes:
             raise ValueError("pretrain.recipes needs a 'base' recipe (the main grid's)")
+        if self.val_tokens < self.seq_len:
+            raise ValueError(f"val_tokens ({self.val_tokens}) is less than one validation window of seq_len "
+                             f"({self.seq_len})")
         for r in self.grid.recipes:
             if r not in self.recipes:
                 raise ValueError(f"pretrain.grid.recipes: unknown recipe {r!r}; known: {sorted(self.recipes)}")

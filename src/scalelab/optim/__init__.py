@@ -1,6 +1,8 @@
-"""Optimizers and learning-rate schedules."""
+"""Optimizers (the registry and METHODS §B's families), their training-loop hooks, and learning-rate schedules."""
 
-from scalelab.optim.registry import OPTIMIZERS, OptimizerSpec, build_optimizers, param_groups, register
+from scalelab.optim import families, hooks  # families: registers METHODS §B's optimizers on import
+from scalelab.optim.registry import OPTIMIZERS, OptimizerSpec, build_optimizers, param_groups, register, spec
 from scalelab.optim.schedules import apply_lr, lr_factor
 
-__all__ = ["OPTIMIZERS", "OptimizerSpec", "apply_lr", "build_optimizers", "lr_factor", "param_groups", "register"]
+__all__ = ["OPTIMIZERS", "OptimizerSpec", "apply_lr", "build_optimizers", "families", "hooks", "lr_factor",
+           "param_groups", "register", "spec"]

@@ -2,8 +2,10 @@
 
 Parameters are grouped by the model's `param_kind`: "matrix", "embedding", "input_scale", "output_scale". Decay on
 the two scale kinds follows the variant's policy (`wd_input_scales`, `wd_output_scales`), at the matrices' rate.
-Matrix optimizers (Muon) take only the hidden 2-D matrices; everything else, scale vectors always included, goes to
-AdamW (METHODS §A: "scale vectors are always optimised by AdamW-style updates").
+An optimizer takes the hidden matrices and the embeddings (LM head included), or with `matrices_only` the hidden 2-D
+matrices alone; everything else, scale vectors always included, goes to an AdamW side-optimizer (METHODS §A: "scale
+vectors are always optimised by AdamW-style updates"; §B: 1-D params and embeddings to AdamW under Muon). The
+families themselves live in scalelab.optim.families, which registers them here.
 """
 
 from __future__ import annotations
@@ -16,40 +18,31 @@ from torch import nn
 
 from scalelab.config import OptimizerConfig, ScaleConfig
 
-Factory = Callable[[list[dict], OptimizerConfig], torch.optim.Optimizer]
+# factory(groups, cfg, model) -> optimizer over `groups`; `model` for families whose partition needs more than the
+# parameters (Adam-mini's heads). Each group carries "name", "params", "weight_decay", "lr" and "base_lr".
+Factory = Callable[[list[dict], OptimizerConfig, nn.Module], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
     factory: Factory
-    matrices_only: bool = False  # True: the "matrix" groups only; the rest goes to AdamW
+    matrices_only: bool = False  # True: the hidden 2-D "matrix" groups only; the rest goes to AdamW
+    family: str = ""  # METHODS §B family (the leaderboard groups by it)
+    library: str = "torch.optim"
+    schedule_free: bool = False  # averaged iterate: evaluation weights via optimizer.eval()/train(), no LR decay
 
 
-def _adamw(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def _adamw(groups: list[dict], cfg: OptimizerConfig, model: nn.Module | None = None) -> torch.optim.Optimizer:
     # foreach: one fused kernel per op over the many small scale vectors (torch picks it by default on CUDA only).
     kwargs = {"foreach": True, **cfg.kwargs}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kwargs)
 
 
-def _muon(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    # Moonshot's RMS matching (arXiv 2502.16982): update scaled by 0.2·sqrt(max(A, B)), so AdamW's lr and wd carry over.
-    kwargs = {"adjust_lr_fn": "match_rms_adamw", **cfg.kwargs}
-    return torch.optim.Muon(groups, lr=cfg.lr, momentum=cfg.momentum, **kwargs)
-
-
-def _sgd(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **cfg.kwargs)
-
-
-OPTIMIZERS: dict[str, OptimizerSpec] = {
-    "adamw": OptimizerSpec(_adamw),
-    "sgd": OptimizerSpec(_sgd),
-    "muon": OptimizerSpec(_muon, matrices_only=True),
-}
+OPTIMIZERS: dict[str, OptimizerSpec] = {"adamw": OptimizerSpec(_adamw, family="adaptive")}
 
 
 def register(name: str, spec: OptimizerSpec) -> None:
-    """Add an optimizer family (the optimizer benchmark registers heavyball / pytorch-optimizer entries here)."""
+    """Add an optimizer family (scalelab.optim.families registers METHODS §B's)."""
     OPTIMIZERS[name] = spec
 
 
@@ -82,29 +75,36 @@ def param_groups(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> 
     return groups
 
 
-def build_optimizers(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> list[torch.optim.Optimizer]:
-    """The optimizer of `cfg` over its parameters, plus AdamW for the rest. Each group carries `name` and `base_lr`.
+def spec(name: str) -> OptimizerSpec:
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; registered: {sorted(OPTIMIZERS)}")
+    return OPTIMIZERS[name]
 
-    Scale vectors always get AdamW (METHODS §A), whatever the matrices get; a matrix optimizer (Muon) takes only
-    the hidden 2-D matrices, so embeddings, LM head and router go to AdamW too (METHODS §B: documented grouping)."""
-    if cfg.name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {cfg.name!r}; registered: {sorted(OPTIMIZERS)}")
-    spec = OPTIMIZERS[cfg.name]
+
+def build_optimizers(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> list[torch.optim.Optimizer]:
+    """The optimizer of `cfg` over its parameters, plus AdamW for the rest. Each group carries `base_lr`.
+
+    Scale vectors always get AdamW (METHODS §A), whatever the matrices get; a matrix optimizer (Muon, SOAP, GaLore)
+    takes only the hidden 2-D matrices, so embeddings, LM head and router go to AdamW too (METHODS §B: documented
+    grouping). The AdamW side runs at `cfg.adamw_lr` (None: `cfg.lr`) with the optimizer's betas, eps and decay."""
+    family = spec(cfg.name)
     groups = param_groups(model, cfg, scale)
-    if spec.factory is _adamw:  # one optimizer for everything
+    if family.factory is _adamw:  # one optimizer for everything
         for g in groups.values():
             g["base_lr"] = g["lr"] = cfg.lr
         return [_adamw(list(groups.values()), cfg)]
-    mine = ("matrix",) if spec.matrices_only else ("matrix", "embedding")
+    mine = ("matrix",) if family.matrices_only else ("matrix", "embedding")
     main = [groups.pop(k) for k in mine if k in groups]
-    if spec.matrices_only and any(p.ndim != 2 for g in main for p in g["params"]):
+    if family.matrices_only and any(p.ndim != 2 for g in main for p in g["params"]):
         raise ValueError(f"{cfg.name} takes 2-D matrices only; the model reported a non-2-D 'matrix' parameter")
     side_lr = cfg.adamw_lr or cfg.lr
     for g in main:
         g["base_lr"] = g["lr"] = cfg.lr
     for g in groups.values():
         g["base_lr"] = g["lr"] = side_lr
-    optimizers = [spec.factory(main, cfg)] if main else []
+    optimizers = [family.factory(main, cfg, model)] if main else []
+    for g in optimizers[0].param_groups if optimizers else []:  # families that regroup (Adam-mini) keep a base_lr
+        g.setdefault("base_lr", cfg.lr)
     if groups:
         side = OptimizerConfig(name="adamw", lr=side_lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps)
         optimizers.append(_adamw(list(groups.values()), side))

@@ -1,9 +1,15 @@
 """Training layer (Lightning): LightningModule, DataModule, callbacks and the fit/resume entry point."""
 
+from scalelab.train.lean import import_lightning
+
+import_lightning()  # first: Lightning without torchmetrics' optional backends (lean.py)
+
+# ruff: noqa: E402
 from scalelab.train.callbacks import (
     GammaStats,
     MetricsFile,
     NonFiniteGuard,
+    Progress,
     Sharpness,
     StepCheckpoint,
     Throughput,
@@ -20,6 +26,7 @@ __all__ = [
     "LitLM",
     "MetricsFile",
     "NonFiniteGuard",
+    "Progress",
     "Sharpness",
     "StepBatches",
     "StepCheckpoint",

@@ -9,6 +9,8 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import os
 import statistics
@@ -23,8 +25,11 @@ from lightning.pytorch.callbacks import Callback, Checkpoint
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from scalelab.config import SharpnessConfig
+from scalelab.data import write_json_atomic
 from scalelab.model.export import fold_scales, plain_config
 from scalelab.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
 
 
 def _due(step: int, every: int, total: int) -> bool:
@@ -35,14 +40,23 @@ def _due(step: int, every: int, total: int) -> bool:
 class Throughput(Callback):
     """Step wall time (the training step alone), tokens/s and MFU = flops_per_token·tokens/s / peak FLOP/s.
 
-    `peak_flops` is the peak of all devices together (per-device peak × world size). Put this callback first, so its
-    timer stops before the other callbacks' work (validation, sharpness, checkpoints).
+    `peak_flops` is the peak of all devices together (per-device peak × world size), raised to any step's achieved
+    FLOP/s: what was achieved is achievable, so MFU ≤ 1 even when the peak was measured while something else held
+    the device. Put this callback first, so its timer stops before the other callbacks' work (validation,
+    sharpness, checkpoints).
     """
 
     def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float) -> None:
         self.tokens_per_step, self.flops_per_token, self.peak_flops = tokens_per_step, flops_per_token, peak_flops
         self.times: list[float] = []
-        self._start = 0.0
+        self._start = self._loop_start = 0.0
+        self.loop_s = 0.0  # wall time of this fit's training loop (steps and the callbacks' work), set at its end
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._loop_start = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.loop_s = time.perf_counter() - self._loop_start
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._start = time.perf_counter()
@@ -51,6 +65,7 @@ class Throughput(Callback):
         dt = time.perf_counter() - self._start  # loss.item() in the step already synchronised the device
         self.times.append(dt)
         tokens_per_s = self.tokens_per_step / dt
+        self.peak_flops = max(self.peak_flops, self.flops_per_token * tokens_per_s)
         pl_module.step_metrics.update({"perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_s,
                                        "perf/mfu": self.mfu(tokens_per_s)})
 
@@ -58,10 +73,45 @@ class Throughput(Callback):
         return self.flops_per_token * tokens_per_s / self.peak_flops
 
     def state_dict(self) -> dict:
-        return {"times": self.times}
+        return {"times": self.times, "peak_flops": self.peak_flops}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.times = list(state_dict["times"])
+        self.peak_flops = max(self.peak_flops, state_dict.get("peak_flops", 0.0))
+
+
+class Progress(Callback):
+    """A log line every `every_pct` percent of the steps and at the last one: step, tokens, training loss (and the
+    validation loss when measured at that step), tokens/s since this fit started, ETA. For output that is not a
+    terminal (the Prefect log, `dvc repro` into a file, CI), where Lightning's progress bar is off. Rank 0 only."""
+
+    def __init__(self, name: str, total: int, tokens_per_step: int, every_pct: float = 5.0) -> None:
+        self.name, self.total, self.tokens_per_step = name, total, tokens_per_step
+        self.every = max(1, round(total * every_pct / 100))
+        self._start, self._first = 0.0, 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._start, self._first = time.perf_counter(), pl_module.step  # a resumed run starts past step 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = pl_module.step
+        if not trainer.is_global_zero or not _due(step, self.every, self.total):
+            return
+        elapsed, done = time.perf_counter() - self._start, step - self._first
+        rate = done * self.tokens_per_step / elapsed if elapsed > 0 else 0.0
+        eta = _duration((self.total - step) * elapsed / done) if done else "?"
+        m = pl_module.step_metrics
+        val = f", val loss {m['val/loss']:.4f}" if "val/loss" in m else ""
+        log.info("%s: step %d/%d (%d%%), %s tokens, loss %.4f%s, %.0f tokens/s, ETA %s", self.name, step, self.total,
+                 100 * step // self.total, f"{step * self.tokens_per_step:,}", m["train/loss"], val, rate, eta)
+
+
+def _duration(seconds: float) -> str:
+    """42s, 3m05s, 2h07m."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 class NonFiniteGuard(Callback):
@@ -245,17 +295,23 @@ class MetricsFile(Callback):
     """Logs each step's metrics to the loggers at the module's step and keeps the loss curve
     (step, tokens, train_loss, val_loss, lr) that fit() writes as `curve.csv`.
 
-    Metrics are sent at validation steps and every `flush_every` steps (the checkpoints: a resumed run re-logs
-    exactly the steps after its checkpoint), MLflow's as one request for all pending steps: a request per step costs
-    about as much as a micro model's training step on a local sqlite store.
+    Metrics are sent at validation steps and every `flush_every` steps (the checkpoints), MLflow's as one request
+    for all pending steps: a request per step costs about as much as a micro model's training step on a local sqlite
+    store. A validation step may fall after the last checkpoint, so a resumed run would send its steps again: after
+    each flush `logged_file` (beside the checkpoint) records {"run_id", "step"}, and a resumed run in the same MLflow
+    run skips the steps up to it. A flush the logger could not deliver (an outage) is not recorded, so a resume
+    fills that gap instead.
     """
 
     COLUMNS = ("step", "tokens", "train_loss", "val_loss", "lr")
 
-    def __init__(self, tokens_per_step: int, flush_every: int, total: int) -> None:
+    def __init__(self, tokens_per_step: int, flush_every: int, total: int, logged_file: Path | None = None,
+                 run_id: str | None = None) -> None:
         self.tokens_per_step, self.flush_every, self.total = tokens_per_step, flush_every, total
+        self.logged_file, self.run_id = logged_file, run_id
         self.rows: list[list[float | None]] = []
         self.pending: list[tuple[int, int, dict[str, float]]] = []  # (step, timestamp ms, metrics)
+        self._logged_through: int | None = None  # the last step this run already holds (read once)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         m, step = pl_module.step_metrics, pl_module.step
@@ -265,15 +321,27 @@ class MetricsFile(Callback):
             self.flush(trainer)
 
     def flush(self, trainer: L.Trainer) -> None:
+        pending = [p for p in self.pending if p[0] > self._already_logged()]
         for logger in trainer.loggers:  # only rank 0 has loggers
             if hasattr(logger, "log_batch"):  # tracking's MLflow logger: one request, never raises
                 from mlflow.entities import Metric
 
-                logger.log_batch([Metric(k, v, ts, step) for step, ts, m in self.pending for k, v in m.items()])
+                logger.log_batch([Metric(k, v, ts, step) for step, ts, m in pending for k, v in m.items()])
             else:
-                for step, _, m in self.pending:
+                for step, _, m in pending:
                     logger.log_metrics(m, step=step)
+        delivered = trainer.loggers and not any(getattr(lg, "_down", False) for lg in trainer.loggers)
+        if pending and delivered and self.logged_file is not None and self.run_id:
+            write_json_atomic(self.logged_file, {"run_id": self.run_id, "step": pending[-1][0]})
         self.pending = []
+
+    def _already_logged(self) -> int:
+        """The last step the MLflow run holds from an earlier attempt (recorded in logged_file), else -1."""
+        if self._logged_through is None:
+            path = self.logged_file
+            stored = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+            self._logged_through = stored["step"] if self.run_id and stored.get("run_id") == self.run_id else -1
+        return self._logged_through
 
     def last(self, column: str) -> float | None:
         """The latest non-empty value of a column."""

@@ -6,11 +6,9 @@ r"""Train one cell (variant × size × recipe × seed) with Lightning, resuming 
 (The untracked entry point: the DDP launcher re-executes this command line for ranks > 0. The pretrain stage calls
 `fit` with an MLflow run.)
 
-Resume: `out_dir/ckpt/run.json` holds {"run_id", "config_hash", "complete"}. The `last.ckpt` of an interrupted run
-under the same config hash is resumed (the stage reopens the same MLflow run through `resume_run_id`). Any other
-checkpoint, from another config or from a run that completed (DVC reruns a finished cell only when its code or
-inputs changed, so its checkpoint must not stand in for the new run), is never resumed nor deleted: it moves to
-`out_dir/ckpt/stale-<its hash>/` and training starts fresh.
+Resume: the `last.ckpt` of an interrupted run under the same config hash is resumed (the stage reopens the same
+MLflow run through `resume_run_id`); any other checkpoint moves aside to `out_dir/ckpt/stale-<its hash>/`
+(scalelab.train.resume). Every check on params and data runs before the checkpoint folder is touched.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import resource
 import statistics
@@ -33,19 +32,22 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
+from scalelab import THREADS_ENV
 from scalelab.config import Params, ParamsError, RecipeConfig, load_params
-from scalelab.data import atomic_dir, open_shards, write_json_atomic
+from scalelab.data import atomic_dir, check_windows, open_shards, write_json_atomic
 from scalelab.model import Transformer
 from scalelab.model.export import save_model
 from scalelab.train.callbacks import (
-    GammaStats, MetricsFile, NonFiniteGuard, Sharpness, StepCheckpoint, Throughput, Validation,
+    GammaStats, MetricsFile, NonFiniteGuard, Progress, Sharpness, StepCheckpoint, Throughput, Validation,
 )
 from scalelab.train.datamodule import TokenDataModule
 from scalelab.train.module import LitLM
+from scalelab.train.resume import claim_ckpt_dir, find_resumable, resume_run_id  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from scalelab.tracking import StageRun
 
+log = logging.getLogger(__name__)
 PRECISION_DTYPE = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16}
 
 
@@ -78,7 +80,7 @@ def config_hash(params: Params, cell: Cell, shards_dir: str | Path) -> str:
         "model": model.model_dump(mode="json", exclude={"vocab_size"}),
         "recipe": recipe.model_dump(mode="json"),
         "optimizer": params.optim[recipe.optimizer].model_dump(mode="json"),
-        "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes"}),
+        "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes", "keep_stale"}),
         "seed": cell.seed,
         "data": data,
         "code": _code_digest(),
@@ -98,63 +100,40 @@ def _code_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def _resumable(ckpt_dir: Path, chash: str) -> tuple[Path | None, dict]:
-    """(last.ckpt of an interrupted run under config hash `chash`, else None; the stored run.json)."""
-    path = ckpt_dir / "run.json"
-    stored = json.loads(path.read_text()) if path.is_file() else {}
-    last = ckpt_dir / "last.ckpt"
-    ok = last.is_file() and stored.get("config_hash") == chash and not stored.get("complete")
-    return (last if ok else None), stored
-
-
-def resume_run_id(out_dir: str | Path, config_hash: str) -> str | None:
-    """The MLflow run id to reopen: that of a resumable checkpoint under the same config hash, else None."""
-    last, stored = _resumable(Path(out_dir) / "ckpt", config_hash)
-    return stored.get("run_id") if last else None
-
-
-def _claim_ckpt_dir(ckpt_dir: Path, chash: str, run_id: str | None) -> Path | None:
-    """Return the checkpoint to resume (or None); move a foreign config's checkpoint aside; record run.json.
-
-    Runs on rank 0 before the DDP launcher starts the other ranks, which then find the directory settled.
-    """
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    resume, stored = _resumable(ckpt_dir, chash)
-    if resume is None and (ckpt_dir / "last.ckpt").is_file():
-        leftovers = [p for p in ckpt_dir.iterdir() if not p.name.startswith("stale-")]
-        stale = ckpt_dir / f"stale-{stored.get('config_hash', 'unknown')}"
-        n = 1
-        while stale.exists():  # the same old config moved aside before: keep both
-            n += 1
-            stale = ckpt_dir / f"stale-{stored.get('config_hash', 'unknown')}-{n}"
-        stale.mkdir()
-        for p in leftovers:
-            p.rename(stale / p.name)
-    write_json_atomic(ckpt_dir / "run.json", {"run_id": run_id, "config_hash": chash})
-    return resume
-
-
 def _device(accelerator: str) -> torch.device:
     if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))  # this rank's GPU, before Lightning's setup
     return torch.device("cpu")
 
 
-def peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seconds: float = 0.25) -> float:
-    """Measured dense matmul throughput (FLOP/s) of one device in `dtype`: the MFU denominator when params give no
-    `peak_flops`. An achievable peak, not the datasheet's, so MFU reads as a fraction of what matmuls reach here."""
+def peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", repeats: int = 5,
+               seconds: float = 0.03) -> float:
+    """Peak dense matmul FLOP/s of one device in `dtype`: the MFU denominator when params give no `peak_flops`.
+
+    On a GPU Lightning's device table knows, its datasheet peak. Otherwise measured: the best of `repeats` short
+    timings (each at least `seconds` and 2 matmuls), since whatever else runs on the device only ever slows one down;
+    a single timing once read 31 GFLOP/s while another process held the cores and a cell reported MFU 1.63 (issue 6).
+    Throughput also raises it to any step's achieved rate, so MFU never exceeds 1."""
     device = torch.device(device)
-    n = 4096 if device.type == "cuda" else 1024
+    if device.type == "cuda":
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        if table := get_available_flops(device, dtype):
+            return float(table)
+    n = 4096 if device.type == "cuda" else 512
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     a @ b  # warm-up
     sync()
-    iters, start = 0, time.perf_counter()
-    while iters < 3 or time.perf_counter() - start < seconds:
-        a @ b
-        sync()
-        iters += 1
-    return 2 * n**3 * iters / (time.perf_counter() - start)
+    best = 0.0
+    for _ in range(repeats):
+        iters, start = 0, time.perf_counter()
+        while iters < 2 or time.perf_counter() - start < seconds:
+            a @ b
+            sync()
+            iters += 1
+        best = max(best, 2 * n**3 * iters / (time.perf_counter() - start))
+    return best
 
 
 def _peak_mem_mb(device: torch.device) -> float:
@@ -183,6 +162,7 @@ def _summary(lit: LitLM, throughput: Throughput, curve: MetricsFile, sharpness: 
         "tokens_per_s": tokens_per_s,
         "mfu": throughput.mfu(tokens_per_s) if tokens_per_s else None,
         "peak_flops": throughput.peak_flops,
+        "train_loop_s": throughput.loop_s,
         **sharpness.summary(),
         **gamma.summary(),
     }
@@ -196,18 +176,22 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
     `run` is the stage's tracking.StageRun (or None): its Lightning logger receives the metrics on rank 0.
     `callbacks` run after the training callbacks, before the checkpoint (tests inject faults through them).
     """
-    start_time = time.perf_counter()
+    start_time, start_cpu = time.perf_counter(), time.process_time()
     pre, out_dir = params.pretrain, Path(out_dir)
     recipe = _recipe(params, cell)
     shards = open_shards(shards_dir)
     model_cfg = params.resolve_model(cell.size, cell.variant, vocab_size=shards.vocab_size, recipe=cell.recipe)
-    if pre.threads:
-        torch.set_num_threads(pre.threads)
+    # Data checks before the checkpoint folder is claimed: a run that fails them leaves an interrupted checkpoint
+    # resumable. The datamodule builds the validation windows here, too.
+    check_windows(len(shards.train), len(shards.val), seq_len=pre.seq_len, val_tokens=pre.val_tokens)
+    datamodule = TokenDataModule(shards, pre, cell.seed)
+    if threads := int(os.environ.get(THREADS_ENV) or 0) or pre.threads:  # the flow's share of the cores wins
+        torch.set_num_threads(threads)
     chash = config_hash(params, cell, shards_dir)
     if rank_zero_only.rank == 0:
-        resume = _claim_ckpt_dir(out_dir / "ckpt", chash, run.run_id if run is not None else None)
+        resume = claim_ckpt_dir(out_dir / "ckpt", chash, run.run_id if run is not None else None, pre.keep_stale)
     else:
-        resume, _ = _resumable(out_dir / "ckpt", chash)
+        resume = out_dir / "ckpt" / "last.ckpt" if find_resumable(out_dir / "ckpt", chash) else None
     device = _device(pre.accelerator)
     peak = (pre.peak_flops or peak_flops(PRECISION_DTYPE[pre.precision], device)) * pre.devices * pre.num_nodes
 
@@ -219,22 +203,27 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
     lit = LitLM(model, optimizer=params.optim[recipe.optimizer], scale=model_cfg.scale, schedule=recipe.schedule,
                 total_steps=total, accumulate=pre.accumulate, grad_clip=pre.grad_clip)
     throughput = Throughput(tokens_per_step, model.flops_per_token(pre.seq_len), peak)
-    gamma, curve = GammaStats(pre.gamma_every, total), MetricsFile(tokens_per_step, pre.ckpt_every, total)
+    gamma = GammaStats(pre.gamma_every, total)
+    curve = MetricsFile(tokens_per_step, pre.ckpt_every, total, logged_file=out_dir / "ckpt" / "metrics_logged.json",
+                        run_id=run.run_id if run is not None else None)
     sharpness = Sharpness(pre.sharpness, total)
     logger = run.lightning_logger() if run is not None and rank_zero_only.rank == 0 else None
+    name, tty = f"{cell.variant}-{cell.size}-{cell.recipe}-{cell.seed}", sys.stdout.isatty()
+    progress = [] if tty else [Progress(name, total, tokens_per_step)]  # a terminal has Lightning's bar instead
     trainer = L.Trainer(
         accelerator=pre.accelerator, devices=pre.devices, num_nodes=pre.num_nodes, strategy=pre.strategy,
         precision=pre.precision, max_epochs=1, max_steps=-1,  # the stream ends at total_steps
         # Throughput first (its timer stops before the others' work), the checkpoint last.
         callbacks=[throughput, NonFiniteGuard(), Validation(pre.val_every, total), sharpness, gamma, curve,
-                   *callbacks, StepCheckpoint(out_dir / "ckpt", pre.ckpt_every, total)],
-        logger=logger or False, default_root_dir=out_dir, enable_progress_bar=sys.stdout.isatty(),
+                   *progress, *callbacks, StepCheckpoint(out_dir / "ckpt", pre.ckpt_every, total)],
+        logger=logger or False, default_root_dir=out_dir, enable_progress_bar=tty,
         enable_model_summary=False, use_distributed_sampler=False,
     )
-    trainer.fit(lit, datamodule=TokenDataModule(shards, pre, cell.seed), ckpt_path=resume, weights_only=True)
+    trainer.fit(lit, datamodule=datamodule, ckpt_path=resume, weights_only=True)
 
     metrics = {**_summary(lit, throughput, curve, sharpness, gamma, tokens_per_step),
-               "peak_mem_mb": _peak_mem_mb(device), "wall_s": time.perf_counter() - start_time}
+               "peak_mem_mb": _peak_mem_mb(device), "wall_s": time.perf_counter() - start_time,
+               "cpu_s": time.process_time() - start_cpu}  # all threads: with wall_s, how loaded the machine was
     if trainer.is_global_zero:  # the final weights with their curves, all or nothing
         with atomic_dir(out_dir / "model") as tmp:
             save_model(model, tmp)
@@ -243,6 +232,10 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
             write_json_atomic(tmp / "metrics.json", metrics)
         run_json = out_dir / "ckpt" / "run.json"
         write_json_atomic(run_json, {**json.loads(run_json.read_text()), "complete": True})
+        val = metrics["val_loss"]
+        log.info("%s: done, val loss %s, %s tokens, %.1f s, %.0f tokens/s, MLflow run %s", name,
+                 "-" if val is None else f"{val:.4f}", f"{metrics['tokens']:,}", metrics["wall_s"],
+                 metrics["tokens_per_s"] or 0, run.run_id if run is not None and run.run_id else "-")
     trainer.strategy.barrier("fit outputs")  # every rank returns once rank 0's files exist
     return metrics
 

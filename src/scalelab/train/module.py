@@ -4,6 +4,8 @@ Manual, because a matrix optimizer comes with an AdamW side-optimizer (METHODS ย
 AdamW-style updates) and Lightning's automatic optimization steps one optimizer per batch. The module counts its own
 optimizer steps (`self.step`): Lightning's `global_step` counts every optimizer's step, i.e. twice per batch under
 Muon + AdamW, so the step, the LR schedule, the data stream and every logged metric use `self.step` instead.
+Family hooks (scalelab.optim.hooks, METHODS ยงB): Sophia gets its Hessian estimate through `step(hessian=...)`;
+Schedule-Free optimizers are validated and checkpointed at their averaged weights and train at their iterate.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from scalelab.config import OptimizerConfig, ScaleConfig, ScheduleConfig
-from scalelab.optim import apply_lr, build_optimizers, lr_factor
+from scalelab.optim import apply_lr, build_optimizers, hooks, lr_factor
 
 from scalelab.train.datamodule import Batch
 
@@ -42,6 +44,7 @@ class LitLM(L.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> None:
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
+        hooks.train_weights([o.optimizer for o in opts])  # Schedule-Free: y back in after validation or a resume
         x, y = batch
         loss = aux = torch.zeros((), device=self.device)
         no_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
@@ -61,10 +64,22 @@ class LitLM(L.LightningModule):
         self.step_metrics = {"train/loss": loss.item(), "train/aux_loss": aux.item(),
                              "train/grad_norm": grad_norm.item(), "lr": opts[0].param_groups[0]["lr"]}
         for opt in opts:  # NonFiniteGuard checks step_metrics before the first of these changes any weight
-            opt.step()
+            if hooks.hessian_due(opt.optimizer):  # Sophia: a fresh diagonal Hessian estimate on this step's batch
+                opt.step(hessian=self._hessian(opt.optimizer, x.chunk(self.accumulate)[0]))
+            else:
+                opt.step()
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         self.step += 1
+
+    def _hessian(self, opt: torch.optim.Optimizer, x: torch.Tensor) -> list[torch.Tensor]:
+        """Sophia-G's Gauss-Newton-Bartlett estimate on one micro-batch, averaged over ranks (one estimate for all)."""
+        h = hooks.gnb_hessian(self.model, x, hooks.params_of(opt), seed=torch.initial_seed() + self.step)
+        return [self.trainer.strategy.reduce(t, reduce_op="mean") for t in h]
+
+    def _raw_optimizers(self) -> list[torch.optim.Optimizer]:
+        trainer = getattr(self, "_trainer", None)
+        return list(trainer.optimizers) if trainer is not None else []
 
     def _clip_gradients(self) -> torch.Tensor:
         """Total L2 norm over all parameters (after DDP's all-reduce: identical on every rank); clip if asked."""
@@ -83,7 +98,7 @@ class LitLM(L.LightningModule):
         was_training = self.model.training
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # [sum of token losses, tokens]
-        with self.trainer.precision_plugin.forward_context():
+        with self.trainer.precision_plugin.forward_context(), hooks.eval_weights(self._raw_optimizers()):
             for x, y in batches:
                 x, y = x.to(self.device), y.to(self.device)
                 logits = self.model(x).logits.float()
@@ -95,6 +110,20 @@ class LitLM(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["scalelab"] = {"step": self.step}
+        opts = self._raw_optimizers()
+        if any(hooks.schedule_free(o) for o in opts):
+            # Schedule-Free: the checkpoint holds the averaged weights x (what validation scored, what an export
+            # should be) and the optimizers in eval mode; training_step swaps y back in, after a resume as here.
+            strategy = self.trainer.strategy
+            with hooks.eval_weights(opts):
+                checkpoint["state_dict"] = {k: v.clone() for k, v in strategy.lightning_module_state_dict().items()}
+                if "optimizer_states" in checkpoint:
+                    checkpoint["optimizer_states"] = [strategy.optimizer_state(o) for o in opts]
+
+    def on_train_end(self) -> None:
+        for opt in self._raw_optimizers():  # Schedule-Free: the final weights (fit's export) are the average x
+            if hooks.schedule_free(opt):
+                opt.eval()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.step = checkpoint["scalelab"]["step"]

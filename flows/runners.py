@@ -1,0 +1,78 @@
+"""Where the pipeline flow's tasks run (issue 6): Prefect task runners for this machine, Dask and Ray.
+
+- `threads` (default): a thread pool in the flow's process; each task runs its stage in a subprocess on one share of
+  this machine (scalelab.placement). Tasks wait for their upstream futures inside these threads, so there are many
+  (idle threads cost nothing); how many cells run at once is the share pool's size, the flow's `workers`.
+- `dask`: prefect-dask on a `distributed.LocalCluster` of `workers` single-threaded worker processes, or on an existing
+  scheduler (`address`). `slurm`: the same on dask-jobqueue's SLURMCluster, one job per worker, adaptive up to
+  `workers` jobs; each job runs one cell at a time (cores=1 dask thread), its size from dask-jobqueue's config.
+- `ray`: prefect-ray on a local Ray instance with `workers` CPUs, or on a cluster (`address`).
+
+Cluster workers share the workspace (a shared filesystem, the same path), the Prefect API and the MLflow store with
+the flow's process.
+"""
+
+import logging
+import os
+from contextlib import nullcontext
+
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from scalelab import placement
+
+KINDS = ("threads", "dask", "slurm", "ray")
+THREADS = 512
+
+
+def shared_api_url() -> str:
+    """The Prefect API this process reports to, exported to the processes it starts (Dask or Ray workers): without
+    one, each worker would start a temporary server of its own and its task runs would be lost to the flow's."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:  # the flow's temporary server, started now (the flow's client then uses this same one)
+        server = SubprocessASGIServer()
+        server.start()
+        url = server.api_url
+    os.environ["PREFECT_API_URL"] = url
+    return url
+
+
+def task_runner(kind: str = "threads", workers: int | None = None, address: str | None = None):
+    """The Prefect task runner for `kind`. Cluster workers share the workspace (a shared filesystem), the Prefect API
+    and the MLflow store with this process; each runs one cell at a time."""
+    workers = workers or placement.default_workers()
+    if kind == "threads":
+        return ThreadPoolTaskRunner(max_workers=THREADS)
+    shared_api_url()
+    share = placement.thread_env(max(1, (os.cpu_count() or 1) // workers))  # local clusters split this machine
+    if kind in ("dask", "slurm"):
+        from prefect_dask import DaskTaskRunner
+
+        if address:
+            return DaskTaskRunner(address=address)
+        if kind == "slurm":  # queue, job_cpu, memory, walltime, GPUs: dask-jobqueue's config (README)
+            return DaskTaskRunner(cluster_class="dask_jobqueue.SLURMCluster",
+                                  cluster_kwargs={"cores": 1, "processes": 1}, adapt_kwargs={"maximum": workers})
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs={
+            "n_workers": workers, "threads_per_worker": 1, "processes": True, "dashboard_address": None,
+            "silence_logs": logging.WARNING, "env": share})
+    if kind == "ray":
+        from prefect_ray import RayTaskRunner
+
+        if address:
+            return RayTaskRunner(address=address)
+        return RayTaskRunner(init_kwargs={"num_cpus": workers, "include_dashboard": False,
+                                          "runtime_env": {"env_vars": share}})
+    raise ValueError(f"unknown runner {kind!r}; one of {', '.join(KINDS)}")
+
+
+def resources(runner, gpus_per_task: float):
+    """What one task submission asks its runner for: GPUs from a Ray cluster (Ray hides them from tasks that ask for
+    none); nothing otherwise (a SLURM job's GPUs are its worker's; the thread runner hands out shares itself)."""
+    if gpus_per_task and type(runner).__name__ == "RayTaskRunner":
+        from prefect_ray.context import remote_options
+
+        return remote_options(num_gpus=gpus_per_task)
+    return nullcontext()

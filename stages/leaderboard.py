@@ -1,0 +1,51 @@
+"""DVC stage `leaderboard`: the optimizer leaderboard and the claims ledger of METHODS §B.
+
+Outs: data/optimizers/leaderboard/{leaderboard.md, leaderboard.csv, curves.png, lr_sensitivity.png,
+claims_b.md, mlflow_run.json}, metrics/optimizers/leaderboard.json, metrics/claims_b.json,
+plots/optimizers/lr_sensitivity.csv.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from scalelab.config import Params
+from scalelab.stage import stage_main
+
+
+def main(params: Params) -> None:
+    from scalelab.evaluate import optbench
+
+    ob = optbench.bench(params)  # the section checked before any work
+    from scalelab import tracking
+    from scalelab.data import atomic_dir, write_json_atomic
+    from scalelab.evaluate import claims, leaderboard as lb
+
+    out, metrics = Path("data/optimizers/leaderboard"), Path("metrics/optimizers")
+    with tracking.stage_run("leaderboard", params={"optimizers": ob.model_dump(mode="json")},
+                            experiment=params.tracking.experiment, deps=[str(metrics)]) as run:
+        cells, runs = lb.load_cells(metrics, ob)
+        curves = lb.load_curves(Path("plots/optimizers"), ob)
+        table = lb.table(params, cells, runs, curves)
+        entries = lb.claims(params, cells, runs)
+        with atomic_dir(out) as tmp:
+            (tmp / "leaderboard.md").write_text(lb.markdown(table) + "\n")
+            table.write_csv(tmp / "leaderboard.csv")
+            (tmp / "claims_b.md").write_text(claims.markdown(entries) + "\n")
+            lb.plot(cells, curves, ob, tmp / "curves.png", tmp / "lr_sensitivity.png")
+        lb.lr_sensitivity(cells).write_csv("plots/optimizers/lr_sensitivity.csv.tmp")
+        os.replace("plots/optimizers/lr_sensitivity.csv.tmp", "plots/optimizers/lr_sensitivity.csv")
+        numbers = ("best_lr", "val_loss", "val_loss_sd", "speedup", "step_time_ratio", "state_bytes_per_param",
+                   "peak_mem_mb")
+        board = {f"{r['optimizer']}-{r['size']}": {k: r[k] for k in numbers} for r in table.iter_rows(named=True)}
+        run.log_metrics({f"{cell}.{k}": v for cell, row in board.items() for k, v in row.items()})
+        for name in ("leaderboard.md", "leaderboard.csv", "claims_b.md", "curves.png", "lr_sensitivity.png"):
+            run.log_artifact(out / name)
+        run.log_artifact(out / "leaderboard.md", parent=True)
+        run.record(out)
+    write_json_atomic(metrics / "leaderboard.json", board)
+    claims.write_claims("metrics/claims_b.json", entries)
+
+
+if __name__ == "__main__":
+    sys.exit(stage_main(main, name="leaderboard"))

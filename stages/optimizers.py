@@ -1,0 +1,64 @@
+"""DVC stages `optimizers` and `optimizers_seeds`: one optimizer at one model size (METHODS §B benchmark).
+
+    python stages/optimizers.py --optimizer muon --size xs            # the LR sweep (seed optimizers.seed)
+    python stages/optimizers.py --optimizer muon --size xs --seeds    # its best LR rerun with optimizers.rerun_seeds
+
+A cell is an optimizer's whole sweep at one size, not a single run: a process costs ~2-9 s before it trains
+(imports, DVC, MLflow) against ~2-6 s per run at the default profile, and one process per sweep also times the
+optimizer's steps interleaved with the baseline's (scalelab.evaluate.optbench.step_time_ratio).
+Outs (<stage> = sweep or seeds): data/optimizers/<stage>/<optimizer>-<size>/ (persistent: one folder per run with
+its checkpoint and result.json, reused or resumed by a rerun), metrics/optimizers/<stage>/<optimizer>-<size>.json,
+plots/optimizers/<stage>/<optimizer>-<size>.csv (validation curves).
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+from scalelab.config import Params, ParamsError
+from scalelab.stage import stage_main
+
+
+def main(params: Params, args: argparse.Namespace) -> None:
+    start = time.perf_counter()
+    if params.optimizers is None:
+        raise ParamsError("params has no `optimizers` section (the optimizer benchmark, config/optbench.py)")
+    params.optimizers.check_cell(args.optimizer, args.size)  # names first, before the trainer's imports
+    from scalelab.data import write_json_atomic
+    from scalelab.evaluate import optbench
+
+    kind, name = ("seeds" if args.seeds else "sweep"), f"{args.optimizer}-{args.size}"
+    stage = f"optimizers{'_seeds' if args.seeds else ''}@{name}"
+    out, shards = Path("data/optimizers") / kind / name, Path("data/tokens")
+    if args.seeds:
+        sweep = json.loads((Path("metrics/optimizers/sweep") / f"{name}.json").read_text())
+        cell = optbench.seeds_cell(params, args.optimizer, args.size, sweep, out, shards, stage)
+    else:
+        cell = optbench.sweep_cell(params, args.optimizer, args.size, out, shards, stage)
+    plot = Path("plots/optimizers") / kind / f"{name}.csv"
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    rows = [optbench.CURVE_COLUMNS, *optbench.curve_rows(cell["runs"])]
+    plot.with_suffix(".tmp").write_text("".join(",".join(map(str, r)) + "\n" for r in rows))
+    os.replace(plot.with_suffix(".tmp"), plot)  # atomic: never half a curve
+    # The cell's cost: CPU seconds of the whole process (imports included), wall seconds after the params loaded.
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cost = {"cell_cpu_s": usage.ru_utime + usage.ru_stime, "cell_wall_s": time.perf_counter() - start}
+    write_json_atomic(Path("metrics/optimizers") / kind / f"{name}.json", {**optbench.cell_metrics(cell), **cost})
+
+
+def cli() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--optimizer", required=True)
+    ap.add_argument("--size", required=True)
+    ap.add_argument("--seeds", action="store_true", help="rerun the sweep's best LR with optimizers.rerun_seeds")
+    ap.add_argument("--params", default="params.yaml")
+    args = ap.parse_args()
+    return stage_main(lambda params: main(params, args), args.params, name="optimizers")
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

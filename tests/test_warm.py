@@ -1,0 +1,109 @@
+"""scalelab.warm: a stage handed to the warm server runs as its own process would (argv, directory, environment,
+streams, exit status, signals), and runs in place when there is no server."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scalelab import warm
+
+SCRIPT = """\
+from scalelab.warm import handoff
+handoff()
+import os, sys, time
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "X", os.environ.get("X"), "warm", os.environ.get("SCALELAB_WARM"),
+      "child-of", os.getppid(), "pid", os.getpid(), flush=True)
+print("stdin", sys.stdin.readline().strip())
+print("to stderr", file=sys.stderr)
+if sys.argv[1] == "sleep":
+    time.sleep(60)
+if sys.argv[1] == "torch":
+    import torch
+    torch.set_num_threads(2)
+    print("torch", torch.get_num_threads(), float((torch.ones(64, 64) @ torch.ones(64, 64)).sum()))
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A warm server preloading torch (as the pipeline's preloads it, one thread per library); (socket, server)."""
+    (tmp_path / "stage.py").write_text(SCRIPT)
+    sock = tmp_path / "warm.sock"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "scalelab.warm", "--socket", str(sock), "--preload", "torch"],
+                              env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not sock.exists():
+        assert server.poll() is None, server.stderr.read()
+        assert time.monotonic() < deadline, "the warm server did not start"
+        time.sleep(0.2)
+    yield sock, server
+    server.terminate()
+    assert server.wait(timeout=60) == 0 and not sock.exists()  # a clean exit removes its socket
+
+
+def stage(tmp_path: Path, sock: Path | None, *args: str, **kw) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != warm.WARM_ENV} | {"X": "42"}
+    if sock is not None:
+        env[warm.WARM_ENV] = str(sock)
+    (tmp_path / "sub").mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, str(tmp_path / "stage.py"), *args], cwd=tmp_path / "sub", env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_a_handed_off_stage_runs_as_its_own_process_would(tmp_path, served):
+    sock, server = served
+    proc = stage(tmp_path, sock, "run", "3")
+    out, err = proc.communicate("hello\n", timeout=120)
+    assert proc.returncode == 3
+    assert f"argv ['run', '3'] cwd {tmp_path / 'sub'} X 42 warm None child-of {server.pid}" in out
+    assert "stdin hello" in out and "to stderr" in err
+
+
+def test_torch_works_in_a_forked_stage(tmp_path, served):
+    sock, server = served
+    out, _ = stage(tmp_path, sock, "torch", "0").communicate("\n", timeout=120)
+    assert f"child-of {server.pid}" in out and "torch 2 262144.0" in out
+
+
+def test_signals_reach_the_stage_and_a_killed_client_ends_it(tmp_path, served):
+    sock, _ = served
+    for sig, code in ((signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
+        proc = stage(tmp_path, sock, "sleep", "0")
+        child = int(proc.stdout.readline().split()[-1])  # started: "... pid <its pid>"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == code
+        deadline = time.monotonic() + 30
+        while _alive(child):
+            assert time.monotonic() < deadline, f"the stage outlived its client ({sig.name})"
+            time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_without_a_server_the_stage_runs_in_place(tmp_path):
+    (tmp_path / "stage.py").write_text(SCRIPT)
+    for sock in (None, tmp_path / "gone.sock"):  # not configured, or configured but not serving
+        out, _ = stage(tmp_path, sock, "run", "0").communicate("hi\n", timeout=120)
+        assert "child-of" in out and f"child-of {os.getpid()}" in out  # its parent is this test: no fork
+
+
+def test_a_server_refuses_when_other_threads_run(tmp_path):
+    """OpenBLAS with more than one thread starts a pool at import, which a fork would not carry."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    res = subprocess.run([sys.executable, "-m", "scalelab.warm", "--socket", str(tmp_path / "s"), "--preload",
+                          "numpy"], env=env, capture_output=True, text=True, timeout=300)
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("OpenBLAS starts no pool on one core")
+    assert res.returncode == 1 and "not serving" in res.stderr and not (tmp_path / "s").exists()
