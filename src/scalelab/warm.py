@@ -172,7 +172,7 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
     os.replace(tmp, path)  # clients see the socket only once it accepts
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
-    children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (client connection, pidfd)
+    children: dict[int, tuple[socket.socket, int, str]] = {}  # pid -> (client connection, pidfd, stage name)
     served = 0
     try:
         while parent is None or os.getppid() == parent:
@@ -190,23 +190,26 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
                         sel.close()
                         listener.close()
                         conn.close()
-                        for other, pidfd in children.values():
+                        for other, pidfd, _ in children.values():
                             other.close()
                             os.close(pidfd)
                         _child(request, fds, defaults)
                     for fd in fds:
                         os.close(fd)
                     pidfd = os.pidfd_open(pid)
-                    children[pid] = (conn, pidfd)
+                    name = request["env"].get("DVC_STAGE") or " ".join(request["argv"])
+                    children[pid] = (conn, pidfd, name)
                     sel.register(pidfd, selectors.EVENT_READ, ("exit", pid))
                     sel.register(conn, selectors.EVENT_READ, ("client", pid))
                     _send(conn, {"pid": pid})
                     served += 1
                 elif key.data[0] == "exit":  # a child ended: its status to its client
                     pid = key.data[1]
-                    conn, pidfd = children.pop(pid)
-                    _, status = os.waitpid(pid, 0)
+                    conn, pidfd, name = children.pop(pid)
+                    _, status, usage = os.wait4(pid, 0)
                     code = os.waitstatus_to_exitcode(status)
+                    print(f"scalelab.warm: {name}: exit {code}, {usage.ru_utime + usage.ru_stime:.2f} CPU s",
+                          file=sys.stderr, flush=True)
                     sel.unregister(pidfd)
                     os.close(pidfd)
                     if conn.fileno() in sel.get_map():
