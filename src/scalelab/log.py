@@ -5,7 +5,8 @@ so the library logs through `logging` (`logging.getLogger(__name__)`: loggers un
 `setup()` runs first in every stage (scalelab.stage.stage_main); `quiet_lightning()` runs right after Lightning is
 imported, since Lightning sets its own logger to INFO at import. Silenced: Lightning's accelerator banners ("GPU
 available ...", "TPU available ..."), its LitLogger advertisement and end-of-fit notice (all INFO), and torch's
-LeafSpec deprecation, which Lightning's own pytree helper triggers. Warnings and errors still show.
+LeafSpec deprecation, which Lightning's own pytree helper triggers, and MLflow's INFO lines. Warnings and errors
+still show.
 SCALELAB_LOG_LEVEL (default INFO) sets scalelab's level. Long loops log their progress every PROGRESS_S (`Every`).
 """
 
@@ -21,6 +22,9 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DATEFMT = "%H:%M:%S"
 PROGRESS_S = 10.0  # a progress line from a long loop at most this often
 
+# Libraries whose INFO lines narrate their own machinery in every stage (MLflow: its system-metrics sampler's start and
+# stop, database set-up); their warnings and errors still show.
+QUIET = ("mlflow",)
 # (category, message regex) of warnings the libraries raise about their own internals, not about scalelab's use
 NOISE = [
     (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
@@ -36,6 +40,9 @@ def setup(level: str | int | None = None) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(FORMAT, DATEFMT))
         logger.addHandler(handler)
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")  # else importing mlflow sets its loggers to INFO
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
     for category, message in NOISE:
         warnings.filterwarnings("ignore", message=message, category=category)
 
