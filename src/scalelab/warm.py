@@ -33,7 +33,10 @@ from pathlib import Path
 
 WARM_ENV = "SCALELAB_WARM"  # the server's socket path, set by the flow for its tasks
 RANK_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK")
-PRELOAD = ("scalelab.train", "scalelab.tracking", "scalelab.model.export", "mlflow.store.tracking.sqlalchemy_store")
+# What a pretrain cell imports, as `module` or `module:attr,attr` (a lazy module's attributes: the Hugging Face export's
+# classes). A preload that fails is skipped: the stage then imports it itself and meets the error there.
+PRELOAD = ("scalelab.train", "scalelab.tracking", "scalelab.model.export", "mlflow.store.tracking.sqlalchemy_store",
+           "transformers:LlamaConfig,Qwen3Config,PreTrainedTokenizerFast")
 _HEADER = struct.Struct("!I")
 # Native threads the preloaded libraries start that survive a fork by design: jemalloc's background threads (pyarrow;
 # jemalloc re-initialises itself in the child) and polars' spill-file cleaner (only for its out-of-core engine).
@@ -157,8 +160,14 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
     import threading
 
     before = dict(os.environ)
-    for module in preload:
-        importlib.import_module(module)
+    for spec in preload:
+        module, _, attrs = spec.partition(":")
+        try:
+            imported = importlib.import_module(module)
+            for attr in filter(None, attrs.split(",")):
+                getattr(imported, attr)
+        except Exception as err:
+            print(f"scalelab.warm: not preloaded: {spec} ({type(err).__name__}: {err})", file=sys.stderr)
     defaults = {k: v for k, v in os.environ.items() if before.get(k) != v}
     if threading.active_count() > 1 or (others := _native_threads() - FORK_SAFE_THREADS):
         print(f"scalelab.warm: threads {threading.enumerate()} {sorted(others)} run after the imports; not serving "
@@ -282,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--socket", required=True, help="the Unix socket to serve on")
     ap.add_argument("--parent", type=int, help="serve while this process lives")
-    ap.add_argument("--preload", nargs="*", default=list(PRELOAD), help="modules to import before serving")
+    ap.add_argument("--preload", nargs="*", default=list(PRELOAD),
+                    help="modules (module or module:attr,attr) to import before serving")
     args = ap.parse_args(argv)
     return serve(args.socket, tuple(args.preload), args.parent)
 
