@@ -66,6 +66,7 @@ def _changed(ws, env) -> set[str]:
 
 
 # ---------------------------------------------------------------- 1. a changed local corpus is seen
+@pytest.mark.slow  # DVC stages in a workspace copy
 def test_a_changed_local_corpus_reruns_prepare(dvc_ws):
     ws, env = dvc_ws
     assert "prepare" not in _changed(ws, env)
@@ -99,6 +100,7 @@ def test_hub_revision_is_passed_and_recorded(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- 2. a params typo never deletes results
+@pytest.mark.slow  # DVC stages in a workspace copy
 def test_a_params_typo_never_deletes_results(dvc_ws):
     ws, env = dvc_ws
     kept = {p: (ws / p).read_bytes() for p in ("data/prepared/train.parquet", "metrics/prepare.json")}
@@ -117,6 +119,7 @@ def test_a_params_typo_never_deletes_results(dvc_ws):
     assert {p: (ws / p).read_bytes() for p in kept} == kept
 
 
+@pytest.mark.slow  # DVC stages in a workspace copy
 def test_an_injected_name_never_reaches_a_shell(dvc_ws):
     ws, env = dvc_ws
     good = (ws / "params.yaml").read_text()
