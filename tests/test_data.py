@@ -167,6 +167,27 @@ def test_shard_layout_is_documents_joined_by_eot(tok, shards_dir):
     assert shard_dtype(65535) == np.uint16 and shard_dtype(65536) == np.uint32
 
 
+def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(monkeypatch):
+    """Documents over PIECE_CHARS are encoded piece by piece (bounded memory), cut before a space or newline that
+    starts a word, where byte-level BPE splits anyway: the ids are those of the whole document (a cut inside a word
+    would split its token)."""
+    from scalelab.data import shards
+
+    words = ["extraordinarily", "incomprehensible", "notwithstanding", "\n\n", "  "]
+    long_doc = " ".join(words[i * 7 % 5] for i in range(400))
+    tok = train_bpe([long_doc], vocab_size=320, min_frequency=2, eot_token=EOT)  # each word one token
+    monkeypatch.setattr(shards, "PIECE_CHARS", 50)
+    texts = ["short one", long_doc, "after it", long_doc[:120]]
+    pieces = list(shards.pieces(long_doc, 50))
+    assert len(pieces) > 20 and "".join(pieces) == long_doc and max(map(len, pieces)) <= 50
+    expected = []
+    for text in texts:
+        expected += [eot_id(tok, EOT), *tok.encode(text, add_special_tokens=False).ids]
+    for lead in (False, True):
+        got = shards.encode_joined(tok, texts, eot_id=eot_id(tok, EOT), dtype=np.dtype(np.uint16), lead_eot=lead)
+        assert got.tolist() == (expected if lead else expected[1:])
+
+
 def test_open_shards_refuses_altered_truncated_or_missing(shards_dir):
     out, _ = shards_dir
     path = out / "train.bin"

@@ -78,11 +78,11 @@ def shard_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
 
 
-def pieces(text: str, max_chars: int = PIECE_CHARS) -> Iterator[str]:
+def pieces(text: str, max_chars: int | None = None) -> Iterator[str]:
     """`text` in pieces of at most max_chars, each cut just before a space or newline that starts a word: where a
     byte-level BPE pre-tokenizer (GPT-2's regex) splits anyway, so the pieces' ids concatenate to the whole text's.
     Without such a point in the last 64 kB of a window, the cut falls at max_chars."""
-    start = 0
+    max_chars, start = max_chars or PIECE_CHARS, 0
     while len(text) - start > max_chars:
         cut = _cut(text, start, start + max_chars)
         yield text[start:cut]
