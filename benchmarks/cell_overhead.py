@@ -82,13 +82,6 @@ def cell(ws: Path, env: dict[str, str], stage: str) -> dict[str, float | None]:
             "strict": None if loop is None else wall - loop, "cpu": None if fit_cpu is None else cpu[0] - fit_cpu}
 
 
-def wait_for(path: Path, seconds: float = 600) -> bool:
-    deadline = time.monotonic() + seconds
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return path.exists()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", type=int, default=6, help="pretrain cells to time (the grid's first ones), "
@@ -108,7 +101,7 @@ def main() -> None:
         rows: list[tuple[str, str, dict]] = []
         report: list[str] = []
         with (server(ws, report.append, env) if warm else contextlib.nullcontext({})) as warm_env:
-            ready = bool(warm_env) and wait_for(Path(warm_env[WARM_ENV]))  # its start-up is the flow's, not a cell's
+            ready = bool(warm_env) and Path(warm_env[WARM_ENV]).exists()  # its start-up is the flow's, not a cell's
             for i, stage in enumerate(cells):  # interleaved, so a change in the machine's load hits both alike
                 mode = "warm" if ready and i % 2 else "cold"
                 rows.append((stage, mode, cell(ws, {**env, **(warm_env if mode == "warm" else {})}, stage)))

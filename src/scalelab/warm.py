@@ -251,16 +251,17 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
 
 
 @contextlib.contextmanager
-def server(cwd: str | os.PathLike, log: Callable[[str], None] = print,
-           env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
-    """A server for stage processes started from `cwd`, in the background (stages that start before it is ready
-    run cold), alive while the caller is: yields the environment that points stages at it. It runs with one thread
-    per library, each stage then sets its own share (SCALELAB_THREADS): OpenBLAS would otherwise start a thread
-    pool at import, which a fork does not carry. It imports what a stage run with `env` (default: this process's)
-    would. At the end, `log` gets its report (how many stages it served)."""
+def server(cwd: str | os.PathLike, log: Callable[[str], None] = print, env: dict[str, str] | None = None,
+           ready_s: float = 300) -> Iterator[dict[str, str]]:
+    """A server for stage processes started from `cwd`, alive while the caller is: yields the environment that points
+    stages at it, once it serves (at most `ready_s` later: a few seconds on idle cores; stages started before it
+    is ready, or after it failed, run cold). It runs with one thread per library, each stage then sets its own share
+    (SCALELAB_THREADS): OpenBLAS would otherwise start a thread pool at import, which a fork does not carry. It
+    imports what a stage run with `env` (default: this process's) would. At the end, `log` gets its report."""
     import shutil
     import subprocess
     import tempfile
+    import time
 
     from scalelab.placement import thread_env
 
@@ -271,6 +272,9 @@ def server(cwd: str | os.PathLike, log: Callable[[str], None] = print,
     cmd = [sys.executable, "-m", "scalelab.warm", "--socket", str(sock), "--parent", str(os.getpid())]
     with open(errors, "w") as err:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    deadline = time.monotonic() + ready_s
+    while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
     try:
         yield {WARM_ENV: str(sock)}
     finally:
