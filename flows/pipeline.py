@@ -42,7 +42,6 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import cloudpickle
 import networkx as nx
 import yaml
 from dvc.repo import Repo
@@ -60,8 +59,9 @@ from scalelab import placement, profile, tracking, warm
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # flows/ (imported by path in tests)
 import runners  # noqa: E402
 
-if __name__ != "__main__" and __name__ in sys.modules:  # imported (flows/serve.py): Dask and Ray workers cannot
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # import flows/, so its tasks travel by value
+runners.by_value(runners)
+if __name__ != "__main__" and __name__ in sys.modules:  # imported by flows/serve.py
+    runners.by_value(sys.modules[__name__])
 
 DEFAULT_RETRIES = 2  # every stage is idempotent: training resumes from its checkpoint
 # Stage-name prefix -> retries. Data stages are deterministic: a retry would only repeat the same error.

@@ -15,13 +15,24 @@ the flow's process.
 import logging
 import os
 from contextlib import nullcontext
+from types import ModuleType
 
+import cloudpickle
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from scalelab import placement
 
 KINDS = ("threads", "dask", "slurm", "ray")
 THREADS = 512
+_BY_VALUE: list[ModuleType] = []
+
+
+def by_value(module: ModuleType) -> None:
+    """Dask and Ray workers cannot import flows/: what they receive from `module` (the tasks, and the flow in their
+    context) travels by value. A script's own module (__main__, or loaded by path) does anyway; an imported one is
+    registered here, with cloudpickle now and with Ray's own copy of it when the Ray runner is made."""
+    cloudpickle.register_pickle_by_value(module)
+    _BY_VALUE.append(module)
 
 
 def shared_api_url() -> str:
@@ -60,6 +71,10 @@ def task_runner(kind: str = "threads", workers: int | None = None, address: str 
             "silence_logs": logging.WARNING, "env": share})
     if kind == "ray":
         from prefect_ray import RayTaskRunner
+        from ray import cloudpickle as ray_cloudpickle
+
+        for module in _BY_VALUE:
+            ray_cloudpickle.register_pickle_by_value(module)
 
         if address:
             return RayTaskRunner(address=address)
