@@ -28,17 +28,24 @@ def main(params: Params, args: argparse.Namespace) -> None:
     if params.optimizers is None:
         raise ParamsError("params has no `optimizers` section (the optimizer benchmark, config/optbench.py)")
     params.optimizers.check_cell(args.optimizer, args.size)  # names first, before the trainer's imports
+    from scalelab import tracking
     from scalelab.data import write_json_atomic
     from scalelab.evaluate import optbench
 
     kind, name = ("seeds" if args.seeds else "sweep"), f"{args.optimizer}-{args.size}"
     stage = f"optimizers{'_seeds' if args.seeds else ''}@{name}"
     out, shards = Path("data/optimizers") / kind / name, Path("data/tokens")
-    if args.seeds:
-        sweep = json.loads((Path("metrics/optimizers/sweep") / f"{name}.json").read_text())
-        cell = optbench.seeds_cell(params, args.optimizer, args.size, sweep, out, shards, stage)
-    else:
-        cell = optbench.sweep_cell(params, args.optimizer, args.size, out, shards, stage)
+    # One MLflow child run per cell under the pipeline's parent; each training run of the cell nests under it
+    logged = {"optimizer": args.optimizer, "size": args.size, "kind": kind,
+              "optimizers": params.optimizers.model_dump(mode="json")}
+    with tracking.stage_run(stage, params=logged, experiment=params.tracking.experiment,
+                            deps=[str(shards / "meta.json")]) as run, tracking.nested_under(run):
+        if args.seeds:
+            sweep = json.loads((Path("metrics/optimizers/sweep") / f"{name}.json").read_text())
+            cell = optbench.seeds_cell(params, args.optimizer, args.size, sweep, out, shards, stage)
+        else:
+            cell = optbench.sweep_cell(params, args.optimizer, args.size, out, shards, stage)
+        run.log_metrics({k: v for k, v in optbench.cell_metrics(cell).items() if isinstance(v, int | float)})
     plot = Path("plots/optimizers") / kind / f"{name}.csv"
     plot.parent.mkdir(parents=True, exist_ok=True)
     rows = [optbench.CURVE_COLUMNS, *optbench.curve_rows(cell["runs"])]

@@ -1,77 +1,93 @@
-"""The whole DAG on the micro profile in a temporary git repo: `dvc repro` builds every stage, a second one does
-nothing, and changing one variant's params reruns only its cells (DESIGN: Contracts)."""
+"""The whole DAG on the micro profile in a temporary git repo, built by the main command (the Prefect flow, 2 cells at
+once, stages started warm): every stage ran once and learned, DVC's state is complete (`dvc status` clean, a plain
+`dvc repro` reruns nothing), MLflow holds one child run per stage under the flow's parent, and changing one variant's
+params reruns only its cells (DESIGN: Contracts; issue 6's invariants on the real stages)."""
 
+import importlib.util
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
-
-from conftest import MICRO, ROOT
+from conftest import ROOT
+from mlflow import MlflowClient
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.sorting import LogSort
+from prefect.logging.handlers import APILogHandler
+from workspace import workspace_copy
 
 pytestmark = pytest.mark.slow
 DVC = [sys.executable, "-m", "dvc"]
+spec = importlib.util.spec_from_file_location("scalelab_flow", ROOT / "flows" / "pipeline.py")
+flow_mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(flow_mod)
 
 
-def _run(cmd, cwd, env, check=True):
+def _run(cmd, cwd, env):
     res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if check and res.returncode:
-        raise AssertionError(f"{cmd} failed ({res.returncode}):\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
-    return res
+    assert res.returncode == 0, f"{cmd} failed ({res.returncode}):\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+    return res.stdout
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    ws = tmp_path_factory.mktemp("ws")
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    code = [rel for rel in tracked if not rel.startswith(("metrics/", "plots/")) and rel != "dvc.lock"]
-    for rel in code + ["stages", "src"]:  # the code as it is now (tracked or not), no results
-        src = ROOT / rel
-        if src.is_dir():
-            shutil.copytree(src, ws / rel, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.is_file():
-            (ws / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, ws / rel)
-    shutil.copy2(MICRO, ws / "params.yaml")
-    env = {**os.environ, "SCALELAB_ROOT": str(ws), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    _run(["git", "init", "-q"], ws, env)
-    _run(["git", "add", "-A"], ws, env)
-    _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], ws, env)
-    return ws, env
+def built(tmp_path_factory, prefect_harness):
+    """The micro workspace after one flow run with 2 workers: (workspace, its env, the flow's final state)."""
+    ws = tmp_path_factory.mktemp("pipeline") / "ws"
+    env = workspace_copy(ws)
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("SCALELAB_ROOT", "MLFLOW_TRACKING_URI", "PYTHONPATH"):
+            mp.setenv(key, env[key])
+        for var in ("SCALELAB_PARENT_RUN_ID", "SCALELAB_PREFECT_FLOW_RUN_ID", "SCALELAB_RUN_ID"):
+            mp.delenv(var, raising=False)
+        mp.chdir(ws)
+        state = flow_mod.pipeline(workers=2, return_state=True)
+        yield ws, env, state
 
 
-def _ran(output: str) -> list[str]:
-    return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage")]
-
-
-def test_repro_builds_everything_then_is_a_noop(workspace):
-    ws, env = workspace
-    first = _run(DVC + ["repro"], ws, env)
-    ran = _ran(first.stdout)
+def test_the_flow_builds_every_stage_once_then_nothing(built):
+    ws, env, state = built
+    statuses = {r["stage"]: r["status"] for r in state.result()}
     stages = set(yaml.safe_load((ws / "dvc.lock").read_text())["stages"])
-    assert {"prepare", "tokenizer", "tokenize", "scaling", "pretrain@unified-c-0",
-            "pretrain_recipe@muon-standard-a-0"} <= stages
-    assert set(ran) == stages
+    assert {"prepare", "tokenizer", "tokenize", "scaling", "pretrain@unified-c-0", "pretrain_recipe@muon-standard-a-0",
+            "optimizers@muon-b", "leaderboard", "compress@sigmascale-0.5-0", "hidden_decoding@n2-0",
+            "evaluate@unified-c-0", "report"} <= stages
+    assert set(statuses) == stages and set(statuses.values()) == {"ran"}  # every stage, each once, in dvc.lock
     # the cells learned: validation loss clearly below a uniform guess, ln(vocab)
     cell = json.loads((ws / "metrics/pretrain/standard-c-base-0.json").read_text())
     assert cell["val_loss"] < math.log(384) - 0.5
-    scaling = json.loads((ws / "metrics/scaling.json").read_text())
-    assert set(scaling["fits"]) == {"none", "standard", "unified"}
-    assert _ran(_run(DVC + ["repro"], ws, env).stdout) == []  # second repro: nothing to do
+    assert set(json.loads((ws / "metrics/scaling.json").read_text())["fits"]) == {"none", "standard", "unified"}
+    report = (ws / "data/report/report.md").read_text()  # the ledger gathers every method's claims
+    assert "## Claims ledger" in report and all(f"### {part}." in report for part in "ABCD")
+
+    # MLflow: the flow's parent run has exactly one finished child per stage that tracks a run
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name(yaml.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
+    found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{state.state_details.flow_run_id}'")
+    (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    children = [r.data.tags["dvc.stage"] for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == len(set(children)) and {s for s in stages if "@" in s} <= set(children)
+    assert all(r.info.status == "FINISHED" for r in found)
+    APILogHandler().flush()  # the warm server's report reaches the Prefect API before it is read
+    with get_client(sync_client=True) as prefect:
+        logs = [log.message for log in prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(
+            any_=[state.state_details.flow_run_id])), limit=20, sort=LogSort.TIMESTAMP_DESC)]
+    # every stage script's process started warm (the params check `python -m scalelab.check` starts cold)
+    assert any(f"served {len(stages) - 1} stage(s)" in m for m in logs)
+
+    assert "up to date" in _run(DVC + ["status"], ws, env)
+    assert "Running stage" not in _run(DVC + ["repro"], ws, env)  # a plain `dvc repro` agrees: nothing to do
 
 
-def test_changing_one_variant_reruns_only_its_cells(workspace):
-    ws, env = workspace
+def test_changing_one_variant_reruns_only_its_cells(built):
+    ws, env, _ = built
     params = yaml.safe_load((ws / "params.yaml").read_text())
     params["model"]["variants"]["unified"]["wd_input_scales"] = False
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    status = _run(DVC + ["status"], ws, env).stdout
+    status = _run(DVC + ["status"], ws, env)
     changed = {line.rstrip(":").strip() for line in status.splitlines() if line and not line.startswith("\t")
                and line.rstrip().endswith(":")}
     # `validate` (the params check at the DAG head) reruns on any params edit; its out never changes, so it reruns

@@ -375,6 +375,22 @@ def stage_run(
 
 
 @contextlib.contextmanager
+def nested_under(run: StageRun) -> Iterator[None]:
+    """Stage runs opened inside nest under `run` (a cell that trains several models: one child of the pipeline's
+    parent per cell, its training runs beneath it); nothing changes when `run` is not tracked."""
+    before = os.environ.get(PARENT_ENV)
+    if run.run_id:
+        os.environ[PARENT_ENV] = run.run_id
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PARENT_ENV, None)
+        else:
+            os.environ[PARENT_ENV] = before
+
+
+@contextlib.contextmanager
 def pipeline_run(
     name: str, *, experiment: str = "scalelab", tags: Mapping[str, str] | None = None
 ) -> Iterator[StageRun]:
