@@ -42,15 +42,12 @@ def run(params: Params, args: argparse.Namespace) -> None:
     name, path, dtype, cell = target(params, args)
     cfg = params.evaluate
 
-    import torch
-
-    from scalelab import dashboard, tracking
+    from scalelab import dashboard, placement, tracking
     from scalelab.data import write_json_atomic
     from scalelab.evaluate import suite
     from scalelab.evaluate.lm import load_lm
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    placement.set_torch_threads(cfg.threads)
     stage = f"evaluate@{args.variant}-{args.size}-{args.seed}" if cell else f"evaluate_model@{name}"
     logged = {"evaluate": cfg.model_dump(mode="json", exclude={"models", "sizes"}),
               "model": {"name": name, "path": path, "dtype": dtype}, **({"cell": cell} if cell else {})}

@@ -6,7 +6,6 @@ params reruns only its cells (DESIGN: Contracts; issue 6's invariants on the rea
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 

@@ -58,6 +58,16 @@ def shares(workers: int, cores: int | None = None, gpus: list[str] | None = None
     return out
 
 
+def set_torch_threads(configured: int | None) -> None:
+    """torch's intra-op threads in a stage process: the share the flow gave this cell (SCALELAB_THREADS) wins over
+    the profile's own `threads` (two 2-thread cells on 2 cores run ~10x slower per step than one), else `configured`,
+    else torch's default."""
+    import torch
+
+    if threads := int(os.environ.get(THREADS_ENV) or 0) or configured:
+        torch.set_num_threads(threads)
+
+
 def worker_share() -> dict[str, str]:
     """The share of a Dask/Ray worker process: its own environment's thread count (or its cores); GPUs as assigned."""
     threads = int(os.environ.get(THREADS_ENV) or os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)

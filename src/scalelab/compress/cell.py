@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from scalelab import placement
 from scalelab.compress.calibrate import calibration_batches, decoder_linears
 from scalelab.compress.compressor import LayerRecord, compress_model
 from scalelab.compress.data import Streams, from_shards, from_text
@@ -48,8 +49,7 @@ def run_cell(cfg: CompressConfig, method: str, keep: str, seed: int, out_dir: st
     """Compress into `out_dir`/model; returns the cell's metrics and its per-layer records."""
     name, spec, rho = cfg.cell(method, keep, seed), cfg.methods[method], float(keep)
     dev = device(cfg)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    placement.set_torch_threads(cfg.threads)
     location = cfg.source.location()
     try:
         tokenizer = load_hf_tokenizer(location)

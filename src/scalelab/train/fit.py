@@ -32,7 +32,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
-from scalelab import THREADS_ENV
+from scalelab import placement
 from scalelab.config import Params, ParamsError, RecipeConfig, load_params
 from scalelab.data import atomic_dir, check_windows, open_shards, write_json_atomic
 from scalelab.model import Transformer
@@ -185,8 +185,7 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
     # resumable. The datamodule builds the validation windows here, too.
     check_windows(len(shards.train), len(shards.val), seq_len=pre.seq_len, val_tokens=pre.val_tokens)
     datamodule = TokenDataModule(shards, pre, cell.seed)
-    if threads := int(os.environ.get(THREADS_ENV) or 0) or pre.threads:  # the flow's share of the cores wins
-        torch.set_num_threads(threads)
+    placement.set_torch_threads(pre.threads)
     chash = config_hash(params, cell, shards_dir)
     if rank_zero_only.rank == 0:
         resume = claim_ckpt_dir(out_dir / "ckpt", chash, run.run_id if run is not None else None, pre.keep_stale)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning as L
-import torch
 
+from scalelab import placement
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ScaleConfig
 from scalelab.data import DataError, atomic_dir, check_windows, open_shards, write_json_atomic
 from scalelab.model.hf import load_hf_tokenizer
@@ -88,8 +88,7 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
     extra tables, curve.csv and metrics.json); return its final metrics. `plot`: a second copy of curve.csv."""
     start_time, tc, out_dir = time.perf_counter(), hd.train, Path(out_dir)
     shards = open_shards(shards_dir)
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
+    placement.set_torch_threads(tc.threads)
     device = _device(tc.accelerator)
     cfg: HiddenDecodingModelConfig = hd.model(cell)
     L.seed_everything(seed, verbose=False)  # the extra tables' noise is a function of the seed
