@@ -172,7 +172,8 @@ def test_collect_reads_only_the_current_grid(tmp_path, micro_params):
     names = scaling.grid_cells(grid)
     assert len(names) == len(grid.variants) * len(grid.sizes) * len(grid.seeds) + len(grid.recipes) * len(
         grid.recipe_variants) * len(grid.recipe_sizes) * len(grid.seeds)
-    assert "unified-c-base-0" in names and "standard-a-muon-0" in names and "standard-a-peri_ln-0" in names
+    assert "unified-c-base-0" in names and "standard-a-muon-0" in names
+    assert "standard-a-peri_ln-0" not in names  # a recipe defined but not in grid.recipes
     _write_cells(tmp_path, {("standard", "a", 0): 5.0, ("standard", "b", 0): 4.8})
     (tmp_path / "gone-a-base-0.json").write_text("{}")  # a cell since removed from params: ignored
     cells = scaling.collect(tmp_path, ["standard-a-base-0", "standard-b-base-0"])
