@@ -87,3 +87,22 @@ def test_every_fires_once_per_interval():
     assert not tick()
     tick = Every(seconds=0)
     assert tick() and tick()
+
+
+def test_the_flows_share_of_cores_wins_over_a_stages_own_threads(monkeypatch):
+    """Every stage sets its threads through placement: a profile's `threads: 2` beside another cell on 2 cores ran
+    Hidden Decoding cells ~10x slower; the flow's share (SCALELAB_THREADS) must win, the profile's value apply alone."""
+    import torch
+
+    from scalelab import THREADS_ENV, placement
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(THREADS_ENV, "1")
+        placement.set_torch_threads(2)
+        assert torch.get_num_threads() == 1
+        monkeypatch.delenv(THREADS_ENV)
+        placement.set_torch_threads(2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
