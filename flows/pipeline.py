@@ -36,9 +36,12 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+import contextlib
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -51,7 +54,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
-from prefect.states import State
+from prefect.states import Cancelled, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from scalelab import placement, profile, tracking, warm
@@ -70,6 +73,21 @@ RAN = ("ran", "restored from cache")
 # DVC's messages when another process holds a lock it needs (dvc.rwlock, dvc.lock): retried, not a failure
 LOCK_ERRORS = ("is busy, it is being blocked by", "Unable to acquire lock")
 LOCK_PATIENCE_S = 900
+# An interrupted flow (SIGTERM, Ctrl-C) stops its stages: Prefect cancels only tasks not yet started, and the thread
+# pool runs every queued task before the process can exit, so without this the flow went on submitting cells.
+STOP = threading.Event()
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_stages() -> None:
+    """No stage starts after this; each running one gets SIGTERM in its process group (DVC, the stage, and through
+    scalelab.warm a warm-started stage's child): training keeps its last checkpoint and DVC its locks' consistency."""
+    STOP.set()
+    with _LIVE_LOCK:
+        for proc in _LIVE:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
 
 
 def retries_for(stage: str) -> int:
@@ -117,6 +135,8 @@ def run_stage(stage: str, root: str, env: dict[str, str], changed: bool, upstrea
     statuses) ran in this flow; else `dvc repro --single-item` on a worker's share of the machine. Returns what DVC
     did: "ran", "restored from cache" or "up to date"."""
     logger = get_run_logger()
+    if STOP.is_set():
+        return Cancelled(message="pipeline interrupted")
     if not changed and not any(status in RAN for status in upstream.values()):
         logger.info(f"{stage}: up to date")
         return "up to date"
@@ -137,6 +157,8 @@ def repro(stage: str, root: Path, extra_env: dict[str, str], logger) -> str:
         returncode, outcome, tail = _stream(cmd, root, env, stage, logger)
         if returncode == 0:
             return outcome
+        if STOP.is_set():
+            return Cancelled(message=f"{stage}: stopped (pipeline interrupted)")
         if any(m in line for line in tail for m in LOCK_ERRORS) and time.monotonic() < deadline:
             delay = min(30, 2**attempt)
             logger.info(f"{stage}: DVC lock held by another process; retrying in {delay} s")
@@ -148,7 +170,13 @@ def repro(stage: str, root: Path, extra_env: dict[str, str], logger) -> str:
 def _stream(cmd: list[str], root: Path, env: dict[str, str], stage: str, logger) -> tuple[int, str, list[str]]:
     outcome, tail = "up to date", []
     pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
-    with subprocess.Popen(cmd, cwd=root, env=env, **pipe) as proc:
+    # Its own process group, so that stop_stages reaches DVC and the stage it runs, and nothing else
+    with subprocess.Popen(cmd, cwd=root, env=env, start_new_session=True, **pipe) as proc:
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
+        if STOP.is_set():  # interrupted between the check in run_stage and the registration
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
         for line in proc.stdout:
             if not (line := line.rstrip()):
                 continue
@@ -158,6 +186,8 @@ def _stream(cmd: list[str], root: Path, env: dict[str, str], stage: str, logger)
                 outcome = "ran"
             elif line.startswith(f"Stage '{stage}' is cached"):
                 outcome = "restored from cache"
+    with _LIVE_LOCK:
+        _LIVE.discard(proc)
     return proc.returncode, outcome, tail
 
 
@@ -208,6 +238,7 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     `params_file` switches the profile first (validated, then copied over params.yaml; the old one kept as .prev).
     `gpus_per_task`: what each task asks a Ray cluster for (Ray hides GPUs from tasks that ask for none)."""
     logger, root = get_run_logger(), scalelab.project_root()
+    STOP.clear()  # a served flow runs many times in one process (flows/serve.py)
     if params_file and Path(params_file).resolve() != (root / "params.yaml").resolve():
         profile.switch(Path(params_file), root / "params.yaml")
         logger.info(f"params.yaml <- {params_file}")
@@ -241,8 +272,12 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
                     futures[stage] = run_stage.with_options(retries=retries_for(stage)).submit(
                         stage, str(root), env, is_changed, {u: allow_failure(f) for u, f in upstream.items()},
                         wait_for=list(upstream.values()))
-            for future in futures.values():
-                future.wait()
+            try:
+                for future in futures.values():
+                    future.wait()
+            except BaseException:  # Prefect's TerminationSignal (SIGTERM), KeyboardInterrupt
+                stop_stages()
+                raise
             states = {stage: future.state for stage, future in futures.items()}
             results = [{"stage": stage, "status": _status(state)} for stage, state in states.items()]
             markdown = summary(results, graph, parent, root)

@@ -5,9 +5,11 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,8 @@ spec.loader.exec_module(flow_mod)
 DVC = [sys.executable, "-m", "dvc"]
 STAGES = ["a", "b", "c@x", "c@y"]
 
-# Each stage logs "<stage> <start> <end> <threads>"; the cells of c take a second, so two at once overlap.
+# Each stage logs "<stage> <start> <end> <threads>"; the cells of c take a second (STAGE_SLEEP), so two at once
+# overlap, and log their pid when they start.
 STAGE = """\
 import os, sys, time
 from pathlib import Path
@@ -43,7 +46,9 @@ if params.get("fail") == os.environ["DVC_STAGE"]:
 with tracking.stage_run(os.environ["DVC_STAGE"], params=params, deps=[dep] if dep != "-" else []) as run:
     text = (Path(dep).read_text() if dep != "-" else "") + f"{name}={params['value'][name]};"
     if name in ("x", "y"):
-        time.sleep(1)
+        with open("started.log", "a") as f:
+            f.write(f"{os.environ['DVC_STAGE']} {os.getpid()}\\n")
+        time.sleep(float(os.environ.get("STAGE_SLEEP", "1")))
     Path(out).write_text(text)
     run.record(Path(out).stem + "_run")
 with open("order.log", "a") as f:
@@ -258,3 +263,37 @@ def test_shares_divide_cores_and_gpus():
     one_each = placement.shares(8, cores=16, gpus=[str(i) for i in range(8)])
     assert [s["CUDA_VISIBLE_DEVICES"] for s in one_each] == [str(i) for i in range(8)]
     assert [s["CUDA_VISIBLE_DEVICES"] for s in placement.shares(4, cores=4, gpus=["0", "1"])] == ["0", "1", "0", "1"]
+
+
+def test_an_interrupted_flow_stops_its_stages(project, monkeypatch):
+    """SIGTERM to the flow's process while a cell runs: the process ends within seconds, its running stage (DVC and the
+    stage's process) is stopped and nothing queued starts. Before the fix the thread pool went on starting every
+    queued cell before the process could exit (Prefect re-raises SIGTERM only after the task runner shut down)."""
+    root, _, _ = project
+    monkeypatch.setenv("STAGE_SLEEP", "120")
+    write_params(root, x=7, y=7)
+    (root / "started.log").unlink(missing_ok=True)
+    script = f"import importlib.util as u; s = u.spec_from_file_location('f', {str(spec.origin)!r}); " \
+             "m = u.module_from_spec(s); s.loader.exec_module(m); m.pipeline(workers=1)"
+    flow = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # the harness's Prefect API and this MLflow store (env)
+    try:
+        deadline = time.monotonic() + 120
+        while "c@" not in _read(root / "started.log") and time.monotonic() < deadline:
+            assert flow.poll() is None, "the flow ended before any cell started"
+            time.sleep(0.2)
+        flow.send_signal(signal.SIGTERM)
+        flow.wait(timeout=60)  # not the 120 s the cell sleeps, nor both cells one after the other
+    finally:
+        flow.kill()
+    (name, pid), = [line.split() for line in _read(root / "started.log").splitlines()]  # the other never started
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), f"the interrupted stage {name} is still running"
+    out = root / f"c_{name.split('@')[1]}.txt"
+    assert not out.exists() or "=7;" not in out.read_text()  # it never finished
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
