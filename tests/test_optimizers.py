@@ -227,3 +227,20 @@ def test_bad_cell_names_fail_before_compute(params):
     with pytest.raises(ParamsError, match="--size 'z'"):
         params.optimizers.check_cell("adamw", "z")
     assert params.optimizers.lr_grid(1.0) == pytest.approx([3 ** -1.5, 3 ** -0.5, 3 ** 0.5, 3 ** 1.5])
+
+
+def test_step_time_pairs_alternate_which_optimizer_steps_first(params, shards, monkeypatch):
+    """The timing's pairs take turns going first: always second, AdamW timed against itself read 1.08-1.09."""
+    firsts, calls = [], []
+
+    def step(model, opts, x, y, seed):
+        calls.append(opts[0].__class__.__name__)
+        if len(calls) % 2:
+            firsts.append(calls[-1])
+        return 0.0
+
+    monkeypatch.setattr(optbench, "train_step", step)
+    sub = _bench_params(params, optimizers=["adamw", "sgd"], timing_steps=4)
+    ratio = optbench.step_time_ratio(sub, "sgd", "a", shards)
+    assert firsts == ["AdamW", "SGD"] * 3 and len(calls) == 12
+    assert ratio["step_time_ratio"] > 0
