@@ -2,14 +2,16 @@
 (issue 6; DESIGN: Benchmarks convention).
 
 A temporary copy of the code builds the data stages once; then each mode runs the same `--cells` pretrain cells
-(the smallest size's first) from that state (a fresh copy each): `flows/pipeline.py --workers 1`, `--workers 2` (cores / workers threads
-per cell) and `dvc repro <cells>`. The flows share one warmed-up Prefect home; each still starts its temporary
-server, as `make repro` does.
+from that state (a fresh copy each): `flows/pipeline.py --workers 2` (cores / workers threads per cell), `--workers 1`
+and plain `dvc repro <cells>`, the way the grid ran before issue 6 (one cold process after another, each on every
+core with the profile's `threads: 0`). The flows share one warmed-up Prefect home; each still starts its temporary
+server, as `make repro` does. Cells: the first `--cells` of the grid in its order (variant by variant, every size),
+or with `--smallest` the smallest size's first.
 
-    python benchmarks/grid_workers.py [--params params.yaml] [--cells 4]
+    python benchmarks/grid_workers.py [--params params.yaml] [--cells 4] [--smallest]
 
-The default profile's cells take ~10 s of training each on 2 quiet cores; `--params tests/micro_params.yaml` gives
-overhead-dominated cells of ~1 s. Goal: 2 workers at least 1.8x faster than 1 on the whole grid.
+The default profile's cells take ~9-23 s of training each on 2 quiet cores; `--params tests/micro_params.yaml` gives
+overhead-dominated cells of ~1 s. Goal (issue 6): the flow with 2 workers at least 1.8x faster than plain `dvc repro`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from cell_overhead import DVC, ROOT, run, workspace_copy  # noqa: E402  (the sam
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml", help="the profile (default: params.yaml)")
-    ap.add_argument("--cells", type=int, default=4, help="pretrain cells in the grid (smallest size first)")
+    ap.add_argument("--cells", type=int, default=4, help="pretrain cells: the grid's first (every size of a variant)")
+    ap.add_argument("--smallest", action="store_true", help="the smallest size's cells first")
     ap.add_argument("--keep", action="store_true", help="keep the temporary workspaces")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="grid-workers-"))
@@ -45,7 +48,9 @@ def main() -> None:
         grid = [s for s in run(DVC + ["stage", "list", "--name-only"], base, ws_env(base))[1].split()
                 if s.startswith("pretrain@")]
         sizes = list(dict.fromkeys(s.rsplit("-", 2)[1] for s in grid))  # the grid's sizes, smallest first
-        cells = sorted(grid, key=lambda s: sizes.index(s.rsplit("-", 2)[1]))[: args.cells]  # size-major
+        if args.smallest:
+            grid = sorted(grid, key=lambda s: sizes.index(s.rsplit("-", 2)[1]))  # size-major
+        cells = grid[: args.cells]
         flow = [sys.executable, "flows/pipeline.py"] + [f"--target={c}" for c in cells]
         run(flow[:2] + ["--target=tokenize"], base, ws_env(base))  # warms the Prefect home up: not a mode's cost
         modes = {"flow, 2 workers": flow + ["--workers", "2"], "flow, 1 worker": flow + ["--workers", "1"],
@@ -65,8 +70,8 @@ def main() -> None:
     for name, wall in walls.items():
         print(f"{name:18s} {wall:8.1f} {walls['flow, 1 worker'] / wall:11.2f}x")
     for metric, value, goal in (
-            ("flow_1_worker_over_2_workers_wall", walls["flow, 1 worker"] / walls["flow, 2 workers"], ">= 1.8"),
-            ("dvc_repro_over_flow_2_workers_wall", walls["dvc repro"] / walls["flow, 2 workers"], ">= 1.0")):
+            ("dvc_repro_over_flow_2_workers_wall", walls["dvc repro"] / walls["flow, 2 workers"], ">= 1.8"),
+            ("flow_1_worker_over_2_workers_wall", walls["flow, 1 worker"] / walls["flow, 2 workers"], "> 1")):
         print(json.dumps({"benchmark": "grid_workers", "metric": metric, "value": round(value, 3), "goal": goal}))
 
 
