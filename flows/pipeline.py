@@ -39,7 +39,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import contextlib
 from contextlib import nullcontext
@@ -75,17 +74,15 @@ LOCK_ERRORS = ("is busy, it is being blocked by", "Unable to acquire lock")
 LOCK_PATIENCE_S = 900
 # An interrupted flow (SIGTERM, Ctrl-C) stops its stages: Prefect cancels only tasks not yet started, and the thread
 # pool runs every queued task before the process can exit, so without this the flow went on submitting cells.
-STOP = threading.Event()
-_LIVE: set[subprocess.Popen] = set()
-_LIVE_LOCK = threading.Lock()
+# The state lives in scalelab.placement: Dask and Ray pickle this module's functions by value, and a lock cannot be.
 
 
 def stop_stages() -> None:
     """No stage starts after this; each running one gets SIGTERM in its process group (DVC, the stage, and through
     scalelab.warm a warm-started stage's child): training keeps its last checkpoint and DVC its locks' consistency."""
-    STOP.set()
-    with _LIVE_LOCK:
-        for proc in _LIVE:
+    placement.STOP.set()
+    with placement.LIVE_LOCK:
+        for proc in placement.LIVE:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
 
@@ -135,7 +132,7 @@ def run_stage(stage: str, root: str, env: dict[str, str], changed: bool, upstrea
     statuses) ran in this flow; else `dvc repro --single-item` on a worker's share of the machine. Returns what DVC
     did: "ran", "restored from cache" or "up to date"."""
     logger = get_run_logger()
-    if STOP.is_set():
+    if placement.STOP.is_set():
         return Cancelled(message="pipeline interrupted")
     if not changed and not any(status in RAN for status in upstream.values()):
         logger.info(f"{stage}: up to date")
@@ -157,7 +154,7 @@ def repro(stage: str, root: Path, extra_env: dict[str, str], logger) -> str:
         returncode, outcome, tail = _stream(cmd, root, env, stage, logger)
         if returncode == 0:
             return outcome
-        if STOP.is_set():
+        if placement.STOP.is_set():
             return Cancelled(message=f"{stage}: stopped (pipeline interrupted)")
         if any(m in line for line in tail for m in LOCK_ERRORS) and time.monotonic() < deadline:
             delay = min(30, 2**attempt)
@@ -172,9 +169,9 @@ def _stream(cmd: list[str], root: Path, env: dict[str, str], stage: str, logger)
     pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
     # Its own process group, so that stop_stages reaches DVC and the stage it runs, and nothing else
     with subprocess.Popen(cmd, cwd=root, env=env, start_new_session=True, **pipe) as proc:
-        with _LIVE_LOCK:
-            _LIVE.add(proc)
-        if STOP.is_set():  # interrupted between the check in run_stage and the registration
+        with placement.LIVE_LOCK:
+            placement.LIVE.add(proc)
+        if placement.STOP.is_set():  # interrupted between the check in run_stage and the registration
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
         for line in proc.stdout:
@@ -186,8 +183,8 @@ def _stream(cmd: list[str], root: Path, env: dict[str, str], stage: str, logger)
                 outcome = "ran"
             elif line.startswith(f"Stage '{stage}' is cached"):
                 outcome = "restored from cache"
-    with _LIVE_LOCK:
-        _LIVE.discard(proc)
+    with placement.LIVE_LOCK:
+        placement.LIVE.discard(proc)
     return proc.returncode, outcome, tail
 
 
@@ -238,7 +235,7 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     `params_file` switches the profile first (validated, then copied over params.yaml; the old one kept as .prev).
     `gpus_per_task`: what each task asks a Ray cluster for (Ray hides GPUs from tasks that ask for none)."""
     logger, root = get_run_logger(), scalelab.project_root()
-    STOP.clear()  # a served flow runs many times in one process (flows/serve.py)
+    placement.STOP.clear()  # a served flow runs many times in one process (flows/serve.py)
     if params_file and Path(params_file).resolve() != (root / "params.yaml").resolve():
         profile.switch(Path(params_file), root / "params.yaml")
         logger.info(f"params.yaml <- {params_file}")

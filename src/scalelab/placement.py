@@ -74,6 +74,12 @@ def worker_share() -> dict[str, str]:
     return thread_env(threads)
 
 
+# The flow's stop signal and its running stage processes (flows/pipeline.py stop_stages): module state here, where
+# Dask and Ray workers import it, because the flow's own functions travel pickled by value.
+STOP = threading.Event()
+LIVE: set = set()
+LIVE_LOCK = threading.Lock()
+
 _pool: queue.Queue[dict[str, str]] | None = None
 _pool_lock = threading.Lock()
 
