@@ -33,6 +33,7 @@ markdown artifact linking them.
 import scalelab  # noqa: I001  first: sets PREFECT_HOME, telemetry off and the MLflow URI before prefect reads them
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -40,8 +41,6 @@ import signal
 import subprocess
 import sys
 import time
-import contextlib
-from contextlib import nullcontext
 from pathlib import Path
 
 import networkx as nx
@@ -256,7 +255,7 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     warm_start = local and to_run and not placement.local_gpus() and os.environ.get(warm.WARM_ENV) != "0"
     try:
         with (tracking.pipeline_run(f"pipeline {flow_run.name}", experiment=_experiment(root), tags=tags) as parent,
-              warm.server(root, logger.info) if warm_start else nullcontext({}) as warm_env):
+              warm.server(root, logger.info) if warm_start else contextlib.nullcontext({}) as warm_env):
             env = {tracking.FLOW_RUN_ENV: flow_run.id} | ({tracking.PARENT_ENV: parent.run_id} if parent.run_id else {})
             env |= warm_env
             futures = {}
