@@ -103,7 +103,7 @@ def test_ledger_pairs_by_seed_and_decides_by_the_stated_rule(micro_params):
         pl.when(pl.col("seed") == 0).then(False).otherwise(True).alias("sharpness_converged"))
     again = _by_id(claims_a.ledger(unconverged, fits, micro_params))
     assert again["base.sharpness_wd_in"]["n_seeds"] == 2 and again["base.unified_helps"]["n_seeds"] == 3
-    # identified fits on a common law: the α claim is decided by its paired bootstrap, not blocked
+    # identified fits on a common law: the α claim is decided by its per-seed paired t interval, not blocked
     assert fits["standard"].identified and fits["unified"].identified
     assert not led["base.alpha_unified"]["verdict"].startswith("inconclusive (")
 
@@ -126,6 +126,15 @@ def test_alpha_claim_uses_only_identified_fits(micro_params):
     assert not fits["unified"].identified
     led = _by_id(claims_a.ledger(cells, fits, micro_params))
     assert led["base.alpha_unified"]["verdict"].startswith("inconclusive (standard fit not identified")
+    # 4 sizes: the mean fits are identified, but one seed's unified curve is flat (its α at a bound): blocked
+    flat = pl.col("variant").eq("unified") & pl.col("seed").eq(1)
+    cells = _study().with_columns(pl.when(flat).then(4.0 + 0.001 * pl.col("non_embedding_params").rank("dense")
+                                                     .over("variant", "seed")).otherwise(pl.col("val_loss"))
+                                  .alias("val_loss"))
+    fits = scaling.fit_all(cells, ScalingConfig(bootstrap=50))
+    led = _by_id(claims_a.ledger(cells, fits, micro_params))
+    assert led["base.alpha_unified"]["verdict"].startswith("inconclusive (unified fit of seed 1 not identified")
+    assert led["base.alpha_unified"]["spread"] is None
 
 
 def test_peri_ln_wd_out_names_its_branch_output_gammas(micro_params):

@@ -103,7 +103,7 @@ class ScalingConfig(Strict):
 
     min_sizes: Annotated[int, Field(ge=3)] = 3  # below this no fit at all; a fit is identified only with dof > 0
     alpha_bounds: tuple[PosFloat, PosFloat] = (0.02, 2.0)  # α at either bound: "not identified"
-    bootstrap: PosInt = 400  # resamples of the seeds for the α intervals
+    bootstrap: PosInt = 400  # resamples of the seeds for the fits' α intervals (fits.csv)
     level: Annotated[float, Field(gt=0, lt=1)] = 0.95  # of every interval (claims and fits)
 
     @model_validator(mode="after")

@@ -108,12 +108,10 @@ def fit_seeds(n, losses, bounds: tuple[float, float] = DEFAULT_BOUNDS, n_boot: i
 
 
 def bootstrap_alphas(n, losses, bounds: tuple[float, float] = DEFAULT_BOUNDS, n_boot: int = 400,
-                     seed: int = 0, rows: np.ndarray | None = None) -> np.ndarray:
-    """α of the mean curve for each of `n_boot` resamples of the seeds (rows of `losses`). Passing the same `rows`
-    (indices [n_boot × seeds]) for two variants pairs their resamples by seed."""
+                     seed: int = 0) -> np.ndarray:
+    """α of the mean curve for each of `n_boot` resamples of the seeds (rows of `losses`)."""
     losses = np.atleast_2d(np.asarray(losses, float))
-    if rows is None:
-        rows = resample_rows(losses.shape[0], n_boot, seed)
+    rows = np.random.default_rng(seed).integers(0, losses.shape[0], size=(n_boot, losses.shape[0]))
     memo: dict[tuple[int, ...], float] = {}  # few seeds give few distinct resamples (3 seeds: 10)
     out = []
     for r in rows:
@@ -122,7 +120,3 @@ def bootstrap_alphas(n, losses, bounds: tuple[float, float] = DEFAULT_BOUNDS, n_
             memo[key] = fit_power_law(n, losses[list(key)].mean(axis=0), bounds).law.alpha
         out.append(memo[key])
     return np.array(out)
-
-
-def resample_rows(n_seeds: int, n_boot: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n_seeds, size=(n_boot, n_seeds))
