@@ -1,7 +1,7 @@
 """DVC stage `scaling`: fit L(N) = E + A·N^-α per scale-vector variant and write the claims ledger of METHODS §A.
 
-Outs: data/scaling/{cells.csv, summary.csv, fits.csv, paired.csv, claims_a.md, scaling.png, mlflow_run.json},
-metrics/scaling.json, metrics/claims_a.json, plots/scaling.csv.
+Outs: data/scaling/{cells.csv, summary.csv, fits.csv, paired.csv, claims_a.md, claims_a_by_recipe.md, scaling.png,
+mlflow_run.json}, metrics/scaling.json, metrics/claims_a.json, plots/scaling.csv.
 """
 
 import os
@@ -34,6 +34,7 @@ def main(params: Params) -> None:
             scaling.fits_table(fits).write_csv(tmp / "fits.csv")
             claims_a.paired_table(cells).write_csv(tmp / "paired.csv")
             (tmp / "claims_a.md").write_text(claims.markdown(entries) + "\n")
+            (tmp / "claims_a_by_recipe.md").write_text(claims_a.recipe_table(entries) + "\n")
             scaling.plot(summary, fits, tmp / "scaling.png")
         Path("plots").mkdir(exist_ok=True)
         base.select("variant", "size", "params", "non_embedding_params", "val_loss", "val_loss_std").write_csv(

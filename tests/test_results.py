@@ -58,3 +58,11 @@ def test_the_committed_ledger_and_fits_follow_from_the_committed_cells(study):
     _close(entries, committed, "claims")
     _close(_plain({v: f.row() for v, f in fits.items()}),
            json.loads((STUDY / "metrics" / "scaling.json").read_text())["fits"], "fits")
+
+
+def test_the_readme_shows_the_committed_ledger():
+    """The README's results table is the committed ledger's, not a copy typed in and left behind."""
+    committed = json.loads((STUDY / "metrics" / "claims_a.json").read_text())
+    table = claims_a.recipe_table(committed)
+    assert (STUDY / "scaling" / "claims_a_by_recipe.md").read_text().strip() == table
+    assert table in (STUDY.parents[1] / "README.md").read_text()

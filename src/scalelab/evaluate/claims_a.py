@@ -200,3 +200,28 @@ def paired_table(cells: pl.DataFrame) -> pl.DataFrame:
             .with_columns((pl.col("val_loss") - pl.col("standard_loss")).alias("minus_standard"))
             .select("recipe", "variant", "size", "seed", "val_loss", "standard_loss", "minus_standard")
             .sort("recipe", "variant", "size", "seed"))
+
+
+LABELS = {key: text.replace(" ({out})", "") for key, text, *_ in ORDERINGS} | {
+    "unified_best": "unified is the best variant of its recipe",
+    "sharpness_wd_in": "weight decay on input-norm γ lowers sharpness (log λ_max)",
+    "alpha_unified": "unified scales better than standard (larger α)"}
+
+
+def recipe_table(entries: list[dict]) -> str:
+    """The ledger at a glance (README, `claims_a_by_recipe.md`): one row per claim, one column per recipe, each cell
+    the effect ± spread and verdict of that recipe's entry (per-size entries are in the full table)."""
+    recipes = list(dict.fromkeys(e["id"].split(".")[0] for e in entries))
+    by_id = {e["id"]: e for e in entries if "@" not in e["id"]}
+    keys = [k for k in LABELS if any(f"{r}.{k}" in by_id for r in recipes)]
+
+    def cell(e: dict | None) -> str:
+        if e is None:
+            return ""
+        spread = "" if e["spread"] is None else f" ± {e['spread']:.4f}"
+        verdict = e["verdict"].split(" (")[0]
+        return f"{e['effect']:+.4f}{spread} {'**' + verdict + '**' if verdict != 'inconclusive' else verdict}"
+
+    rows = [f"| claim | {' | '.join(recipes)} |", "|---" * (len(recipes) + 1) + "|"]
+    rows += [f"| {LABELS[k]} | {' | '.join(cell(by_id.get(f'{r}.{k}')) for r in recipes)} |" for k in keys]
+    return "\n".join(rows)
