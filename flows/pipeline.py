@@ -147,7 +147,7 @@ def repro(stage: str, root: Path, extra_env: dict[str, str], logger) -> str:
     another process holds."""
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` in cmds: this venv
-    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item", stage]
+    cmd = [sys.executable, "-m", "scalelab.dvcrun", "--wait-for-lock", "repro", "--single-item", stage]
     deadline = time.monotonic() + LOCK_PATIENCE_S
     for attempt in itertools.count(1):
         returncode, outcome, tail = _stream(cmd, root, env, stage, logger)

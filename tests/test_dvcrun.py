@@ -1,0 +1,61 @@
+"""scalelab.dvcrun: DVC reads dvc.lock with its safe loader when updating it, and writes exactly what it wrote before."""
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dvc.utils.serialize import _yaml
+
+from scalelab import dvcrun
+
+LOCK_DATA = {"schema": "2.0", "stages": {
+    "pretrain@standard-xs-0": {
+        "cmd": "python stages/pretrain.py --variant standard --size xs --recipe base --seed 0 --and a long tail",
+        "deps": [{"path": "src/scalelab/model", "hash": "md5", "md5": "9fa57d7c3116a5c90fbaf4dceb823d19.dir",
+                  "size": 123, "nfiles": 7}],
+        "params": {"params.yaml": {"model.norm_eps": 1e-06, "pretrain.max_tokens": None, "pretrain.threads": 0,
+                                   "optim.adamw": {"betas": [0.9, 0.95], "lr": 0.003, "name": "adamw"},
+                                   "pretrain.sharpness": {"enabled": False, "every": None, "tol": 0.02}}},
+        "outs": [{"path": "data/x", "hash": "md5", "md5": "d0cff2d8ce34ab3c4b34cce482574ca0.dir"}]}}}
+
+
+def test_the_safe_read_dumps_back_the_same_bytes():
+    stream = io.StringIO()
+    _yaml._dump(LOCK_DATA, stream)  # how DVC writes dvc.lock
+    text = stream.getvalue()
+    dvcrun.patch()
+    dvcrun.patch()  # idempotent
+    data = _yaml.parse_yaml_for_update(text, "some/dir/dvc.lock")
+    assert type(data) is dict and data == LOCK_DATA
+    again = io.StringIO()
+    _yaml._dump(data, again)
+    assert again.getvalue() == text
+    # every other file keeps DVC's round-trip loader (dvc.yaml's comments survive an update)
+    kept = _yaml.parse_yaml_for_update("# a comment\nstages: {}\n", "dvc.yaml")
+    assert type(kept) is not dict and "comment" in _yaml.dumps_yaml(kept)
+
+
+def _project(root: Path) -> None:
+    root.mkdir()
+    (root / "params.yaml").write_text("a: {x: 1.0e-06, y: null}\nb: 2\n")
+    stages = "\n".join(f"  s{i}:\n    cmd: python -c \"open('o{i}', 'w').write('{i}')\"\n    params: [a, b]\n"
+                       f"    deps: [params.yaml]\n    outs: [o{i}]" for i in range(3))
+    (root / "dvc.yaml").write_text(f"# stages\nstages:\n{stages}\n")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
+
+
+def test_stages_run_through_it_leave_the_lock_dvc_itself_writes(tmp_path):
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    for name, entry in (("plain", ["-m", "dvc"]), ("fast", ["-m", "scalelab.dvcrun"])):
+        _project(tmp_path / name)
+        for i in range(3):  # one stage per process, as the flow runs them: each reads and rewrites dvc.lock
+            subprocess.run([sys.executable, *entry, "repro", "--single-item", f"s{i}"], cwd=tmp_path / name,
+                           env=env, check=True, capture_output=True)
+    plain, fast = ((tmp_path / n / "dvc.lock").read_text() for n in ("plain", "fast"))
+    assert fast == plain and plain.count("cmd:") == 3
+    assert "# stages" in (tmp_path / "fast" / "dvc.yaml").read_text()
+    status = subprocess.run([sys.executable, "-m", "scalelab.dvcrun", "status"], cwd=tmp_path / "fast", env=env,
+                            check=True, capture_output=True, text=True)
+    assert "up to date" in status.stdout
