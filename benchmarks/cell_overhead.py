@@ -42,6 +42,7 @@ from workspace import workspace_copy  # noqa: E402  (the tests' copy of the code
 from scalelab.warm import WARM_ENV, server  # noqa: E402
 
 DVC = [sys.executable, "-m", "dvc"]
+FLOW_DVC = [sys.executable, "-m", "scalelab.dvcrun"]  # DVC as the flow runs it (a fast dvc.lock read)
 IMPORTS = "import scalelab.train, scalelab.tracking, scalelab.model.export"
 
 
@@ -75,7 +76,7 @@ def metrics_file(ws: Path, stage: str) -> Path:
 def cell(ws: Path, env: dict[str, str], stage: str) -> dict[str, float | None]:
     """One cell through `dvc repro --single-item`: wall, fit and training-loop seconds and the three overheads."""
     cpu: list[float] = []
-    wall, _ = run(DVC + ["repro", "--single-item", stage], ws, env, cpu)
+    wall, _ = run(FLOW_DVC + ["repro", "--single-item", stage], ws, env, cpu)
     m = json.loads(metrics_file(ws, stage).read_text())
     loop, fit_cpu = m.get("train_loop_s"), m.get("cpu_s")
     return {"wall": wall, "fit": m["wall_s"], "loop": loop, "overhead": wall - m["wall_s"],
