@@ -189,3 +189,13 @@ def test_collect_reads_only_the_current_grid(tmp_path, micro_params):
     assert cells.height == 2 and cells["sharpness"].null_count() == 2  # not measured: null, not 0
     with pytest.raises(ValueError, match="standard-c-base-0.json: missing"):
         scaling.collect(tmp_path, ["standard-c-base-0"])
+
+
+def test_the_recipe_table_shows_every_recipe_and_a_claim_without_data(micro_params):
+    cells = _study()
+    entries = claims_a.ledger(cells, scaling.fit_all(cells, ScalingConfig(bootstrap=50)), micro_params)
+    entries[0] = {**entries[0], "effect": None, "spread": None, "verdict": "inconclusive (no data)"}
+    table = claims_a.recipe_table(entries).splitlines()
+    assert table[0] == "| claim | base |" and "inconclusive (no data)" in table[2]
+    unified = next(r for r in table if r.startswith("| unified is better than standard |"))
+    assert "**reproduced**" in unified and "±" in unified

@@ -218,6 +218,8 @@ def recipe_table(entries: list[dict]) -> str:
     def cell(e: dict | None) -> str:
         if e is None:
             return ""
+        if e["effect"] is None:  # no usable seed (e.g. no converged sharpness)
+            return e["verdict"]
         spread = "" if e["spread"] is None else f" ± {e['spread']:.4f}"
         verdict = e["verdict"].split(" (")[0]
         return f"{e['effect']:+.4f}{spread} {'**' + verdict + '**' if verdict != 'inconclusive' else verdict}"
