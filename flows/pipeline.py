@@ -143,8 +143,8 @@ def run_stage(stage: str, root: str, env: dict[str, str], changed: bool, upstrea
 
 
 def repro(stage: str, root: Path, extra_env: dict[str, str], logger) -> str:
-    """`dvc --wait-for-lock repro --single-item <stage>` with its output in the log; retried while it only met a lock
-    another process holds."""
+    """`dvc --wait-for-lock repro --single-item <stage>` (through scalelab.dvcrun: dvc.lock read fast) with its output
+    in the log; retried while it only met a lock another process holds."""
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` in cmds: this venv
     cmd = [sys.executable, "-m", "scalelab.dvcrun", "--wait-for-lock", "repro", "--single-item", stage]
