@@ -47,6 +47,16 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _mutant(monkeypatch):
+    """Under a mutation check (tests/mutants.py) the named broken implementation replaces the real one."""
+    if name := os.environ.get("SCALELAB_MUTANT"):
+        import mutants
+
+        mutants.apply(name, monkeypatch)
+    yield
+
+
 @pytest.fixture
 def micro_params():
     from scalelab.config import load_params
