@@ -1,5 +1,6 @@
 """Scaling-law fits that say when they are not identified, seed statistics, and the METHODS §A claims ledger."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from scalelab.config import ScalingConfig
 from scalelab.evaluate import claims, claims_a, scaling
 from scalelab.evaluate.powerlaw import PowerLaw, fit_power_law, fit_seeds
+from mutants import assert_caught, mutant
 
 N4 = np.array([5e4, 1e5, 3e5, 7.4e5])
 TRUTH = PowerLaw(E=2.0, A=60.0, alpha=0.45)
@@ -199,3 +201,81 @@ def test_the_recipe_table_shows_every_recipe_and_a_claim_without_data(micro_para
     assert table[0] == "| claim | base |" and "inconclusive (no data)" in table[2]
     unified = next(r for r in table if r.startswith("| unified is better than standard |"))
     assert "**reproduced**" in unified and "±" in unified
+
+
+# ---------------------------------------------------------------- the α claim on variants of known α
+def _alpha_cells(alpha_unified: float, alpha_standard: float = 0.45, seeds=(0, 1, 2), noise=0.002) -> pl.DataFrame:
+    """Each seed's curve L = E + A·N^-α of its variant's α (the curves meet at the smallest N) plus seeded noise."""
+    rng = np.random.default_rng(1)
+    out = {}
+    for seed in seeds:
+        for variant, alpha in (("standard", alpha_standard), ("unified", alpha_unified)):
+            law = PowerLaw(E=2.0, A=TRUTH.A * N4[0] ** (alpha - TRUTH.alpha), alpha=alpha)
+            for size, n in zip("abcd", N4):
+                out[("base", variant, size, seed)] = (float(law(n)) + rng.normal(0, noise), 1.0)
+    return _cells(out)
+
+
+@pytest.mark.parametrize("alpha_unified, expected", [(0.60, claims.REPRODUCED), (0.30, claims.CONTRADICTED),
+                                                     (0.45, claims.INCONCLUSIVE)])
+def test_the_alpha_claim_follows_the_variants_exponents(micro_params, alpha_unified, expected):
+    """Larger α for unified reproduces "unified scales better", smaller contradicts, equal is inconclusive; the
+    effect is the per-seed α difference (noise 0.002 nats per cell: within ±0.05 of the truth)."""
+    cells = _alpha_cells(alpha_unified)
+    (entry,) = claims_a.scaling_claim(cells, scaling.fit_all(cells, ScalingConfig(bootstrap=20)), micro_params)
+    assert entry["verdict"] == expected, entry
+    assert entry["n_seeds"] == 3 and entry["spread"] > 0
+    assert entry["effect"] == pytest.approx(alpha_unified - 0.45, abs=0.05)
+
+
+@mutant("alpha-sign-flipped")
+def _(monkeypatch):  # the comparison the wrong way round: α(standard) − α(unified)
+    swap = {"unified": "standard", "standard": "unified"}
+    real = claims_a.seed_matrix
+    monkeypatch.setattr(claims_a, "seed_matrix", lambda cells, recipe, variant, seeds=None:
+                        real(cells, recipe, swap.get(variant, variant), seeds))
+
+
+@mutant("alpha-ignored")
+def _(monkeypatch):  # every per-seed fit reports the same α, whatever the curve
+    real = claims_a.fit_power_law
+
+    def fit(n, loss, bounds):
+        f = real(n, loss, bounds)
+        return dataclasses.replace(f, law=dataclasses.replace(f.law, alpha=0.45))
+    monkeypatch.setattr(claims_a, "fit_power_law", fit)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name", ["alpha-sign-flipped", "alpha-ignored"])
+def test_the_alpha_claim_test_catches(name):
+    assert_caught("tests/test_scaling.py::test_the_alpha_claim_follows_the_variants_exponents[0.6-reproduced]", name)
+
+
+# ---------------------------------------------------------------- zero spread over seeds
+def test_identical_seed_differences_are_inconclusive_by_the_stated_rule(micro_params):
+    """Spread 0 (every seed's difference the same) is a degenerate t interval: "inconclusive (no seed variance)",
+    for 2 seeds or more, with the rule in the entry; differences that vary at all are decided as before."""
+    for diffs in ([0.02, 0.02], [0.02] * 3, [-0.5] * 4):
+        entry = claims.claim("x", "c", "m", diffs, "p")
+        assert entry["verdict"] == f"{claims.INCONCLUSIVE} (no seed variance)", entry
+        assert entry["spread"] == 0.0 and entry["effect"] == pytest.approx(diffs[0])
+    assert "identical differences" in claims.rule_text()
+    assert claims.claim("x", "c", "m", [0.02, 0.021], "p")["verdict"] == claims.REPRODUCED
+    assert claims.claim("x", "c", "m", [0.02], "p")["verdict"] == f"{claims.INCONCLUSIVE} (1 seed)"
+    # the α claim by the same rule: three seeds with the very same curves give identical α differences
+    same = _alpha_cells(0.6, noise=0.0)
+    (entry,) = claims_a.scaling_claim(same, scaling.fit_all(same, ScalingConfig(bootstrap=20)), micro_params)
+    assert entry["verdict"] == f"{claims.INCONCLUSIVE} (no seed variance)" and "identical differences" in entry["rule"]
+
+
+@mutant("spread0-old-rule")
+def _(monkeypatch):  # the rule before: a zero-width interval above 0 reproduces
+    monkeypatch.setattr(claims, "no_seed_variance", lambda diffs: False)
+    monkeypatch.setattr(claims_a, "no_seed_variance", lambda diffs: False)
+
+
+@pytest.mark.mutation
+def test_the_zero_spread_test_catches_the_old_rule():
+    assert_caught("tests/test_scaling.py::test_identical_seed_differences_are_inconclusive_by_the_stated_rule",
+                  "spread0-old-rule")

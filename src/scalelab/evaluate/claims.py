@@ -7,7 +7,10 @@ the rule below, stated in each entry.
 Rule (paired by seed): `diffs` are per-seed differences oriented so that a positive value is the claim's direction
 (e.g. loss(standard) − loss(unified) for "unified is better"). With n ≥ 2 seeds, a two-sided Student-t interval at
 `level` on the mean difference: above 0 → reproduced, below 0 → contradicted, straddling 0 → inconclusive. One seed
-gives no spread, so it is "inconclusive (1 seed)" whatever its sign.
+gives no spread, so it is "inconclusive (1 seed)" whatever its sign. Zero spread (every seed's difference identical)
+is "inconclusive (no seed variance)" for any n: the t interval needs a positive variance estimate (with sd 0 it
+collapses to a point and t = mean/0), and identical differences say the seeds did not vary what they replicate
+(same batches and init), not that the effect is exact, so the seeds are not independent evidence.
 
 A statistic with no per-seed value (e.g. a fitted scaling exponent) brings its own interval, such as a bootstrap over
 seeds paired between the compared cells (`interval_claim`); the same decision applies to that interval, and an
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+NO_VARIANCE = "no seed variance"
 FIELDS = ("id", "claim", "metric", "effect", "spread", "n_seeds", "verdict", "rule", "published")
 
 
@@ -39,6 +43,11 @@ def t_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, floa
     return mean, mean - half, mean + half
 
 
+def no_seed_variance(diffs: Sequence[float]) -> bool:
+    """Two or more seeds whose values are all identical: a degenerate t interval (zero spread, the module's rule)."""
+    return len(diffs) >= 2 and len(set(diffs)) == 1
+
+
 def verdict(diffs: Sequence[float], level: float = 0.95) -> str:
     """reproduced / contradicted / inconclusive by the module's rule (positive diffs = the claim's direction)."""
     diffs = [float(d) for d in diffs if d is not None and math.isfinite(d)]
@@ -47,6 +56,8 @@ def verdict(diffs: Sequence[float], level: float = 0.95) -> str:
     interval = t_interval(diffs, level)
     if interval is None:
         return f"{INCONCLUSIVE} (1 seed)"
+    if no_seed_variance(diffs):
+        return f"{INCONCLUSIVE} ({NO_VARIANCE})"
     return decide(*interval[1:])
 
 
@@ -57,7 +68,8 @@ def decide(low: float, high: float) -> str:
 
 def rule_text(level: float = 0.95) -> str:
     return (f"paired by seed; {level:.0%} t interval of the mean difference (claim direction positive): "
-            "above 0 reproduced, below 0 contradicted, else inconclusive; 1 seed inconclusive")
+            "above 0 reproduced, below 0 contradicted, else inconclusive; 1 seed inconclusive; identical differences "
+            "over seeds (zero spread: a degenerate t interval) inconclusive")
 
 
 def claim(id: str, text: str, metric: str, diffs: Sequence[float], published: str, level: float = 0.95) -> dict:

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from scalelab.config import Params
-from scalelab.evaluate.claims import claim, interval_claim, t_interval
+from scalelab.evaluate.claims import NO_VARIANCE, claim, interval_claim, no_seed_variance, t_interval
 from scalelab.evaluate.powerlaw import Fit, fit_power_law
 from scalelab.evaluate.scaling import seed_matrix
 
@@ -161,10 +161,13 @@ def scaling_claim(cells: pl.DataFrame, fits: dict[str, Fit], params: Params) -> 
         problems = [f"{v} fit of seed {seed} not identified: {f.reason}" for v, fs_ in per_seed.items()
                     for seed, f in zip(seeds, fs_) if not f.identified]
         diffs = [u.law.alpha - s.law.alpha for u, s in zip(per_seed["unified"], per_seed["standard"])]
+        if not problems and no_seed_variance(diffs):  # claims.py's rule: zero spread is a degenerate interval
+            problems = [NO_VARIANCE]
     interval = None if problems or len(diffs) < 2 else t_interval(diffs, cfg.level)[1:]
     rule = (f"α fitted per seed over the sizes, paired by seed; {cfg.level:.0%} t interval of the mean "
             "α(unified) − α(standard): above 0 reproduced, below 0 contradicted, else inconclusive; only when every "
-            "fit is identified (dof > 0, α inside its bounds, A > 0); 1 seed inconclusive")
+            "fit is identified (dof > 0, α inside its bounds, A > 0); 1 seed inconclusive; identical differences over "
+            "seeds (zero spread: a degenerate t interval) inconclusive")
     effect = float(np.mean(diffs)) if interval else fu.law.alpha - fs.law.alpha
     return [interval_claim("base.alpha_unified", "base: unified scales better than standard (larger α)",
                            f"α of L(N) = E + A·N^-α (non-embedding N), fits over {fu.n_sizes} sizes",
