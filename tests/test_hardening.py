@@ -19,6 +19,7 @@ import yaml
 from conftest import MICRO, ROOT
 from lightning.pytorch.callbacks import Callback
 from mlflow import MlflowClient
+from mutants import assert_caught, mutant
 from test_tracking import db, project  # noqa: F401  (fixtures: a shared sqlite store, a project root per test)
 from test_train import FailAt, make_shards, micro_raw
 from workspace import workspace_copy
@@ -518,15 +519,32 @@ def test_reruns_keep_the_newest_stale_checkpoints_and_every_resumable_one(tmp_pa
     with pytest.raises(RuntimeError, match="killed"):
         fit(interrupted, cell, out, shards, callbacks=[FailAt(2, RuntimeError("killed"))])
     done = parse_params(micro_raw(**quick))
-    for _ in range(5):  # a completed cell rerun: each run moves the previous checkpoint aside
+    for run in range(5):  # a completed cell rerun: each run moves the previous checkpoint aside
         fit(done, cell, out, shards)
+        # which run a checkpoint is from: a mark that moves aside with it (names are reused once pruned)
+        (out / "ckpt" / "which-run").write_text(str(run))
         time.sleep(0.01)
-    stale = sorted(p.name for p in (out / "ckpt").glob("stale-*"))
+    stale = {p.name: p for p in (out / "ckpt").glob("stale-*")}
     done_hash, int_hash = config_hash(done, cell, shards), config_hash(interrupted, cell, shards)
-    assert f"stale-{int_hash}" in stale  # resumable: never deleted
-    completed = [s for s in stale if s.startswith(f"stale-{done_hash}")]
-    assert len(completed) == 2, stale
+    assert (out / "ckpt" / "which-run").read_text() == "4"  # the current checkpoint: the last run's
+    assert (stale[f"stale-{int_hash}"] / "last.ckpt").is_file()  # resumable: never deleted
+    kept = {(p / "which-run").read_text() for name, p in stale.items() if name.startswith(f"stale-{done_hash}")}
+    assert kept == {"2", "3"}, stale  # keep_stale 2: the newest two completed runs moved aside, by time
     assert re.search(r"removed \d+ stale checkpoints? .*freed [\d.]+ MB", capsys.readouterr().err)
+
+
+@mutant("prune-keeps-oldest")
+def _(monkeypatch):  # the stale folders oldest first: the prune keeps the oldest `keep`
+    from scalelab.train import resume
+
+    real = resume._stale
+    monkeypatch.setattr(resume, "_stale", lambda ckpt_dir: real(ckpt_dir)[::-1])
+
+
+@pytest.mark.mutation
+def test_the_prune_test_catches_keeping_the_oldest():
+    assert_caught("tests/test_hardening.py::test_reruns_keep_the_newest_stale_checkpoints_and_every_resumable_one",
+                  "prune-keeps-oldest")
 
 
 def test_keep_stale_does_not_change_the_config_hash(tmp_path):
