@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mutants import assert_caught, mutant
 
 from scalelab.config import ParamsError, load_params, parse_params
 
@@ -100,6 +101,53 @@ def test_floats_are_finite_and_names_safe():
 def test_missing_file_is_clear(tmp_path):
     with pytest.raises(ParamsError, match="not found"):
         load_params(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("bad", ["unknown-key", "yaml-syntax", "missing"])
+def test_an_invalid_profile_switch_leaves_params_yaml_and_its_prev_untouched(tmp_path, monkeypatch, capsys, bad):
+    """`python -m scalelab.profile bad.yaml` refuses with a one-line error naming the problem, and params.yaml and
+    params.yaml.prev keep their bytes (nothing lost); a valid profile then switches, keeping the old one as .prev."""
+    from scalelab import profile
+
+    monkeypatch.chdir(tmp_path)
+    current, prev = ROOT / "tests" / "micro_params.yaml", b"# the profile before the current one\n"
+    Path("params.yaml").write_bytes(current.read_bytes())
+    Path("params.yaml.prev").write_bytes(prev)
+    profile_file = Path("bad.yaml")
+    if bad == "unknown-key":
+        profile_file.write_text(current.read_text().replace("seed: 0", "seed: 0\nseeed: 1", 1))
+    elif bad == "yaml-syntax":
+        profile_file.write_text(current.read_text() + "\npretrain: [unclosed\n")
+    assert profile.main([str(profile_file)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.yaml" in err, err
+    assert re.search({"unknown-key": "seeed", "yaml-syntax": "YAML syntax", "missing": "not found"}[bad], err), err
+    assert Path("params.yaml").read_bytes() == current.read_bytes()
+    assert Path("params.yaml.prev").read_bytes() == prev
+    good = ROOT / "configs" / "cpu-study.yaml"
+    assert profile.main([str(good)]) == 0
+    assert Path("params.yaml").read_bytes() == good.read_bytes()
+    assert Path("params.yaml.prev").read_bytes() == current.read_bytes()
+
+
+@mutant("profile-writes-first")
+def _(monkeypatch):  # copy the profile over params.yaml, then validate it
+    import shutil
+
+    from scalelab import profile
+
+    def switch(prof, target=Path("params.yaml")):
+        if target.exists():
+            shutil.copy2(target, target.with_suffix(".yaml.prev"))
+        shutil.copyfile(prof, target)
+        load_params(target)
+    monkeypatch.setattr(profile, "switch", switch)
+
+
+@pytest.mark.mutation
+def test_the_profile_switch_test_catches_writing_before_validating():
+    assert_caught("tests/test_config.py::test_an_invalid_profile_switch_leaves_params_yaml_and_its_prev_untouched"
+                  "[unknown-key]", "profile-writes-first")
 
 
 def test_bad_regex_is_a_params_error():
