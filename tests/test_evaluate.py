@@ -14,6 +14,7 @@ import torch
 import yaml
 from conftest import MICRO, ROOT
 from evaldata import make_cell, make_data
+from mutants import assert_caught, mutant
 
 from scalelab.evaluate import lmeval, zeroshot
 from scalelab.evaluate.lm import EvalLM, load_lm
@@ -93,11 +94,15 @@ def test_hf_export_scores_exactly_the_training_validation_windows(project, tmp_p
     assert r["val_tokens"] == 1024 == sum(y.numel() for _, y in batches)
     assert r["val_loss"] == pytest.approx(nats / 1024, rel=1e-5)
     assert r["ppl"] == pytest.approx(math.exp(r["val_loss"]))
-    # bits per byte: a byte-level BPE token is a few bytes of this text
-    from scalelab.data import bytes_per_token, load_tokenizer
+    # bits per byte = Σ CE / (ln 2 · Σ UTF-8 bytes of the scored tokens). The bytes counted here without decoding:
+    # a byte-level BPE token's vocabulary string has one character per byte; the end-of-text token has none.
+    from tokenizers import Tokenizer
 
-    per_token = bytes_per_token(load_tokenizer(root / "data/tokenizer/tokenizer.json"), val)
-    assert r["bpb"] == pytest.approx(r["val_loss"] / math.log(2) / per_token, rel=0.15)
+    tok = Tokenizer.from_file(str(root / "data/tokenizer/tokenizer.json"))
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    n_bytes = sum(len(piece) for _, y in batches for i in y.flatten().tolist()
+                  if (piece := tok.id_to_token(i)) not in special)
+    assert r["bpb"] == pytest.approx(r["val_loss"] * r["val_tokens"] / (math.log(2) * n_bytes), rel=1e-9)
     # scalelab's own format (MoE, Peri-LN exports) loads through the same interface and scores the same
     from scalelab.model import save_model
 
@@ -120,6 +125,45 @@ def test_another_tokenizer_is_scored_on_the_same_text_retokenized():
     r = perplexity(lm, batches)  # uniform over V characters, one byte each
     v = len(lm.tokenizer.vocab)
     assert r["val_loss"] == pytest.approx(math.log(v)) and r["bpb"] == pytest.approx(math.log2(v))
+
+
+def test_bits_per_byte_count_utf8_bytes_not_characters():
+    """Every character of this text is 2 UTF-8 bytes (Greek letters, '·' for spaces): a uniform model over its V
+    characters scores log2(V) bits per character, so exactly log2(V)/2 bits per byte."""
+    docs = ["αρχή·ήμισυ·παντός·" * 30, "γνώθι·σαυτόν·μηδέν·άγαν·" * 30]
+    assert all(len(c.encode()) == 2 for c in "".join(docs))
+    lm = char_lm("".join(docs))
+    batches, _ = val_windows(lm, shards_dir="-", val_text=docs, tokenizer_json=_project_tokenizer(),
+                             seq_len=16, val_tokens=400, batch_size=8)
+    v = len(lm.tokenizer.vocab)
+    assert perplexity(lm, batches)["bpb"] == pytest.approx(math.log2(v) / 2, rel=1e-6)  # float32 CE
+
+
+@mutant("bpb-chars")
+def _(monkeypatch):  # bits per character: the denominator counts decoded characters, not their UTF-8 bytes
+    real = perplexity
+
+    def chars(lm, batches):
+        r = real(lm, batches)
+        n_chars = sum(len(lm.tokenizer.decode(row, skip_special_tokens=True)) for _, y in batches for row in y.tolist())
+        return {**r, "bpb": r["val_loss"] * r["val_tokens"] / (math.log(2) * n_chars)}
+    monkeypatch.setattr(sys.modules[__name__], "perplexity", chars)
+
+
+@mutant("bpb-nats")
+def _(monkeypatch):  # nats per byte: ln where log2 is due
+    real = perplexity
+    monkeypatch.setattr(sys.modules[__name__], "perplexity",
+                        lambda lm, batches: (r := real(lm, batches)) | {"bpb": r["bpb"] * math.log(2)})
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name, test", [
+    ("bpb-chars", "test_bits_per_byte_count_utf8_bytes_not_characters"),
+    ("bpb-nats", "test_bits_per_byte_count_utf8_bytes_not_characters"),
+    ("bpb-nats", "test_hf_export_scores_exactly_the_training_validation_windows")])
+def test_the_bits_per_byte_tests_catch(name, test):
+    assert_caught(f"tests/test_evaluate.py::{test}", name)
 
 
 def _project_tokenizer():
