@@ -3,7 +3,10 @@
 import atexit
 import os
 import shutil
+import signal
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,63 @@ for key, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORM
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "tests" / "micro_params.yaml"
+
+# Every process a test starts inherits this variable (one name per test process: each xdist worker, each nested
+# pytest run, has its own; a nested run's children carry both marks), so its leftovers are found by their environment
+# even once reparented to init, which a walk of descendants would miss.
+LEAK_MARK = f"SCALELAB_TEST_PROCESS_{uuid.uuid4().hex.upper()}"
+os.environ[LEAK_MARK] = "1"
+# a server stopped by its fixture's teardown may take a few seconds to exit
+LEAK_GRACE_S = float(os.environ.get("SCALELAB_LEAK_GRACE_S", "5"))
+
+
+def marked_processes(mark: str = LEAK_MARK) -> dict[int, str]:
+    """{pid: command line} of the live processes (not this one) whose environment holds `mark`."""
+    needle, found = f"{mark}=".encode(), {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if any(v.startswith(needle) for v in (proc / "environ").read_bytes().split(b"\0")):
+                found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or a zombie: not alive
+            continue
+    return {pid: cmd for pid, cmd in found.items() if _alive(pid)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_leftovers(grace: float = LEAK_GRACE_S) -> dict[int, str]:
+    """The marked processes still alive after `grace` seconds, each then killed (SIGTERM, SIGKILL 2 s later)."""
+    deadline = time.monotonic() + grace
+    while (left := marked_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in [p for p in left if _alive(p)]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + 2
+        while any(_alive(p) for p in left) and time.monotonic() < end:
+            time.sleep(0.1)
+    return left
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_process_left_behind():
+    """The session fails if a process its tests started outlives them (servers, workers, stages): set up before any
+    other session fixture, so torn down after them all (a harness's server stops first)."""
+    yield
+    if left := kill_leftovers():
+        lines = "\n".join(f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(left.items()))
+        pytest.fail(f"{len(left)} process(es) started by the tests still alive {LEAK_GRACE_S:g} s after the "
+                    f"last test (now killed):\n{lines}", pytrace=False)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -563,3 +563,81 @@ def test_readme_strategies_match_the_schema():
     for claim in re.findall(r"[^.]*\bfsdp\b[^.]*\.", readme, re.IGNORECASE):
         assert re.search(r"not|unsupported|rejects", claim), claim
     assert "## Reliability" in readme
+
+
+# ---------------------------------------------------------------- 12. no test leaves a process behind
+def _detached_sleep(tmp_path) -> int:
+    """A `sleep` whose parent shell has exited (reparented: no longer a descendant of this process); its pid."""
+    pidfile = tmp_path / "sleep.pid"
+    subprocess.run(["sh", "-c", f"sleep 300 >/dev/null 2>&1 & echo $! > {pidfile}"], check=True, timeout=30)
+    return int(pidfile.read_text())
+
+
+def test_the_leak_check_finds_a_reparented_process_by_its_mark_and_kills_it(tmp_path):
+    import conftest
+
+    pid = _detached_sleep(tmp_path)
+    try:
+        assert Path(f"/proc/{pid}").exists() and os.getppid() != pid
+        assert pid in conftest.marked_processes() and "sleep 300" in conftest.marked_processes()[pid]
+        assert os.getpid() not in conftest.marked_processes()  # the test process itself is not a leftover
+        left = conftest.kill_leftovers(grace=0.5)
+        assert pid in left and not conftest._alive(pid)
+        assert pid not in conftest.marked_processes()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@mutant("leak-scan-descendants-only")
+def _(monkeypatch):  # the naive scan: this process's descendants, which a reparented orphan no longer is
+    import conftest
+    import psutil
+
+    monkeypatch.setattr(conftest, "marked_processes", lambda mark=None: {
+        c.pid: " ".join(c.cmdline()) for c in psutil.Process().children(recursive=True) if c.is_running()})
+
+
+@mutant("leak-not-killed")
+def _(monkeypatch):  # offenders listed but left running
+    import conftest
+
+    monkeypatch.setattr(conftest, "kill_leftovers", lambda grace=0: conftest.marked_processes())
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name", ["leak-scan-descendants-only", "leak-not-killed"])
+def test_the_leak_check_test_catches(name):
+    assert_caught("tests/test_hardening.py::test_the_leak_check_finds_a_reparented_process_by_its_mark_and_kills_it",
+                  name)
+
+
+def test_a_session_that_leaves_a_process_behind_fails(tmp_path):
+    """The suite's own conftest in a pytest run whose test leaves a `sleep` behind: the run fails naming its pid and
+    command line, and the sleep is killed; one that exits within the grace period is no leftover."""
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_leak.py").write_text(
+        "import subprocess\n"
+        "from pathlib import Path\n\n"
+        "def test_exits_soon():\n"
+        "    subprocess.Popen(['sleep', '0.3'])\n\n"
+        "def test_leaves_a_sleep():\n"
+        "    p = subprocess.Popen(['sleep', '301'], start_new_session=True)\n"
+        "    Path('leaked.pid').write_text(str(p.pid))\n")
+    env = {k: v for k, v in os.environ.items() if k != "SCALELAB_MUTANT"} | {"SCALELAB_LEAK_GRACE_S": "1"}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "-p", "no:randomly", "test_leak.py"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    pid = int((tmp_path / "leaked.pid").read_text())
+    try:
+        out = res.stdout + res.stderr
+        assert res.returncode == 1 and "2 passed, 1 error" in out, out[-3000:]
+        assert "1 process(es) started by the tests still alive" in out and f"pid {pid}: sleep 301" in out, out[-3000:]
+        assert "sleep 0.3" not in out
+        time.sleep(0.2)
+        from conftest import _alive
+
+        assert not _alive(pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
