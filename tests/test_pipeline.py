@@ -9,10 +9,12 @@ import math
 import subprocess
 import sys
 
+import networkx as nx
 import pytest
 import yaml
 from conftest import ROOT
 from mlflow import MlflowClient
+from mutants import assert_caught, mutant
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.client.schemas.sorting import LogSort
@@ -82,13 +84,48 @@ def test_the_flow_builds_every_stage_once_then_nothing(built):
 
 
 def test_changing_one_variant_reruns_only_its_cells(built):
+    """One variant's params edited: the main command reruns exactly that variant's cells and the stages downstream of
+    them (by the DAG), and the params check; every other stage is up to date."""
     ws, env, _ = built
     params = yaml.safe_load((ws / "params.yaml").read_text())
-    params["model"]["variants"]["unified"]["wd_input_scales"] = False
+    params["model"]["variants"]["none"] = {"scales": True}  # a real change: its cells train another model
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    cells = {f"pretrain@none-{size}-{seed}" for size in params["pretrain"]["grid"]["sizes"]
+             for seed in params["pretrain"]["grid"]["seeds"]}
     status = _run(DVC + ["status"], ws, env)
     changed = {line.rstrip(":").strip() for line in status.splitlines() if line and not line.startswith("\t")
                and line.rstrip().endswith(":")}
     # `validate` (the params check at the DAG head) reruns on any params edit; its out never changes, so it reruns
     # nothing downstream
-    assert changed == {"validate", "pretrain@unified-a-0", "pretrain@unified-b-0", "pretrain@unified-c-0"}
+    assert changed == {"validate"} | cells
+    graph = flow_mod.stage_graph(ws)  # edges point from a stage to what it depends on
+    downstream = set().union(*(nx.ancestors(graph, cell) for cell in cells))
+    assert {"scaling", "report", "evaluate@none-c-0"} <= downstream and "pretrain@standard-a-0" not in downstream
+    statuses = {r["stage"]: r["status"] for r in flow_mod.pipeline(workers=2)}
+    ran = {stage for stage, status in statuses.items() if status == "ran"}
+    assert ran == {"validate"} | cells | downstream, {"missing": sorted(({"validate"} | cells | downstream) - ran),
+                                                      "extra": sorted(ran - cells - downstream - {"validate"})}
+    assert set(statuses.values()) == {"ran", "up to date"} and set(statuses) == set(graph)
+
+
+@mutant("flow-reruns-whole-matrix")
+def _(monkeypatch):  # a changed cell reruns every cell of its matrix stage, as if the matrix were one stage
+    real_changed, real_stream, whole = flow_mod.changed_stages, flow_mod._stream, set()
+
+    def changed_stages(root):
+        found = real_changed(root)
+        if found:
+            matrices = {s.split("@")[0] for s in found if "@" in s}
+            whole.update(s for s in flow_mod.stage_graph(root) if s.split("@")[0] in matrices)
+        return None if found is None else found | whole
+
+    def stream(cmd, root, env, stage, logger):
+        return real_stream([*cmd[:-1], "--force", stage] if stage in whole else cmd, root, env, stage, logger)
+    monkeypatch.setattr(flow_mod, "changed_stages", changed_stages)
+    monkeypatch.setattr(flow_mod, "_stream", stream)
+
+
+@pytest.mark.mutation
+def test_the_rerun_test_catches_a_flow_that_reruns_the_whole_matrix():
+    """Slow (builds the micro DAG, then reruns 9 cells and their dependents): opt-in with the other mutation checks."""
+    assert_caught("tests/test_pipeline.py::test_changing_one_variant_reruns_only_its_cells", "flow-reruns-whole-matrix")
