@@ -1,9 +1,12 @@
 """Compression cost and quality per method (DESIGN: Benchmarks convention; METHODS §D), all measured in this run:
 
-1. wall time per method and layer type (q, k, v, o, gate, up, down), and each method's factorisation time relative
-   to SVD-LLM's;
-2. each method's layer loss relative to SVD-LLM's (the layer-wise optimum: goal ≥ 1), and SigmaScale's relative to
-   plain SVD's (goal < 1).
+1. wall time per method and layer type (q, k, v, o, gate, up, down); each closed-form method's factorisation time
+   relative to SVD-LLM's (goal ≤ 5), and SigmaScale's time *per optimisation step* relative to one SVD-LLM
+   factorisation (goal ≤ 3: a step is one differentiable SVD of the same matrix, forward and backward, about three
+   SVDs' work; a goal on the total time would grow with the step cap);
+2. each method's layer loss relative to SVD-LLM's, the layer-wise optimum (reported, no goal: ≥ 1 by theorem), and
+   the published ordering as goals that can miss: every method below plain SVD's layer loss, and SigmaScale below
+   ASVD's and FWSVD's (METHODS §D: SVD-LLM ≤ SigmaScale < {ASVD, FWSVD} < SVD).
 
 On the default model of params.yaml (`compress.source`, the unified m cell's export) when it is on disk, else a
 randomly initialised Qwen3 model of the same size (said in the output); calibration on train windows of data/tokens
@@ -82,6 +85,9 @@ def main() -> None:
         records, _ = compress_model(model, batches, MethodConfig(kind=kind), args.keep, sigma_cfg=cfg.sigmascale,
                                     blocks_per_pass=cfg.calibration.blocks_per_pass)
         loss[kind] = {r.name: r.loss for r in records}
+        if kind == "sigmascale":
+            steps = sum(r.info["steps"] for r in records)
+            unconverged = sum(r.info["steps"] >= cfg.sigmascale.max_steps for r in records)
         for r in records:
             seconds[kind][r.name.rsplit(".", 1)[-1]].append(r.seconds)
         loss.setdefault("svd_llm_opt", {r.name: r.loss_svd_llm for r in records})
@@ -96,16 +102,21 @@ def main() -> None:
         print(f"{kind:<11}{cells}{total[kind]:>10.2f}{rel[kind]:>14.3f}")
     print("(per-layer mean milliseconds by layer type; loss/SVD-LLM: geometric mean over layers)")
 
-    ss_vs_svd = statistics.geometric_mean([loss["sigmascale"][n] / loss["svd"][n] for n in loss["svd"]])
-    lines = [{"benchmark": "compress", "metric": f"layer_loss_rel_svd_llm.{k}", "value": rel[k], "goal": ">= 1"}
-             for k in KINDS]
-    lines.append({"benchmark": "compress", "metric": "layer_loss_rel_svd.sigmascale", "value": ss_vs_svd,
-                  "goal": "< 1"})
-    for k in KINDS:
-        if k != "svd_llm":
-            lines.append({"benchmark": "compress", "metric": f"seconds_rel_svd_llm.{k}",
-                          "value": total[k] / total["svd_llm"],
-                          "goal": f"<= {cfg.sigmascale.max_steps * 5}" if k == "sigmascale" else "<= 5"})
+    def rel(kind: str, base: str) -> float:
+        return statistics.geometric_mean([loss[kind][n] / loss[base][n] for n in loss[base]])
+
+    # the published ordering; SVD-LLM below plain SVD holds by theorem, so it gets no goal
+    lines = [{"benchmark": "compress", "metric": f"layer_loss_rel_svd.{k}", "value": rel(k, "svd"), "goal": "< 1"}
+             for k in ("asvd", "fwsvd", "sigmascale")]
+    lines += [{"benchmark": "compress", "metric": f"layer_loss_rel_{b}.sigmascale", "value": rel("sigmascale", b),
+               "goal": "< 1"} for b in ("asvd", "fwsvd")]
+    lines += [{"benchmark": "compress", "metric": f"seconds_rel_svd_llm.{k}", "value": total[k] / total["svd_llm"],
+               "goal": "<= 5"} for k in ("svd", "asvd", "fwsvd")]
+    per_step = total["sigmascale"] / max(steps, 1)
+    lines.append({"benchmark": "compress", "metric": "seconds_per_step_rel_svd_llm.sigmascale",
+                  "value": per_step / (total["svd_llm"] / len(loss["svd_llm"])), "goal": "<= 3"})
+    print(f"SigmaScale: {steps} steps over {len(loss['sigmascale'])} layers "
+          f"({unconverged} stopped by the cap of {cfg.sigmascale.max_steps})")
     for line in lines:
         print(json.dumps(line))
 

@@ -3,7 +3,8 @@
 1. Lightning (logging to MLflow, every callback on) against a bare PyTorch loop on the identical model, optimizer,
    batches and data, both as the median wall time of a whole step (batch, step, callbacks): goal ≤ 1.05.
 2. `unified` against `standard` step time (bare loop, same size): goal ≤ 1.03.
-3. MFU at the largest default size against the matmul peak measured in the same run.
+3. MFU of the bare step at the largest default size against the fp32 matmul peak measured in the same run: a fixed
+   target, goal ≥ MFU_GOAL (0.1; 0.30 measured on 2 shared cores when it was set): a step 3x slower than that misses.
 
     python benchmarks/pretrain_step.py [--params params.yaml] [--steps 60]
 """
@@ -29,6 +30,8 @@ from scalelab.data.shards import tokenize_splits
 from scalelab.model import Transformer
 from scalelab.optim import apply_lr, build_optimizers, lr_factor
 from scalelab.train import Cell, fit, peak_flops
+
+MFU_GOAL = 0.1
 
 
 def shards_dir(params, work: Path) -> Path:
@@ -135,9 +138,9 @@ def main() -> None:
         peak = peak_flops(torch.float32)
         tokens_per_s = params.pretrain.batch_size * params.pretrain.seq_len / bare_s
         mfu = model.flops_per_token(params.pretrain.seq_len) * tokens_per_s / peak
-        rows.append((f"MFU size {largest} (peak {peak / 1e9:.0f} GFLOP/s)", mfu, 1.0, mfu, "report"))
+        rows.append((f"MFU size {largest} (peak {peak / 1e9:.0f} GFLOP/s)", mfu, 1.0, mfu, f">= {MFU_GOAL}"))
         results.append({"benchmark": "pretrain_step", "metric": f"mfu_{largest}_vs_measured_matmul_peak",
-                        "value": round(mfu, 4), "goal": ">= 0.0 (reported)"})
+                        "value": round(mfu, 4), "goal": f">= {MFU_GOAL}"})
 
     print(f"{'measure':44s} {'value':>12s} {'baseline':>12s} {'ratio':>8s}  goal")
     for name, v, b, ratio, goal in rows:

@@ -5,10 +5,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from mutants import assert_caught, mutant
 
 from scalelab.compress import (
     LowRankLinear, collect, compress_model, decoder_linears, effective_rank, fisher_rows, layer_loss,
-    participation_ratio, plain_svd, rank_for, save_lowrank, svd_llm,
+    participation_ratio, plain_svd, rank_for, save_lowrank,
 )
 from scalelab.compress import methods, rank
 from scalelab.config import MethodConfig, RefineConfig, SigmaScaleConfig
@@ -120,7 +121,7 @@ def test_svd_llm_loss_is_the_discarded_singular_values_of_whitened_w():
     sigma = torch.linalg.svdvals(w.double() @ s)
     m, n = w.shape
     for k in (1, 5, 17):
-        f = svd_llm(w, k, stats.gram)
+        f = methods.svd_llm(w, k, stats.gram)  # as the compressor calls it (a mutant patches it there)
         expect = float((sigma[k:] ** 2).sum()) / (m * n)
         assert layer_loss(w, f.left, f.right, stats.gram) == pytest.approx(expect, rel=1e-9)
         assert methods.svd_llm_loss(w, k, stats.gram) == pytest.approx(expect, rel=1e-9)
@@ -156,6 +157,79 @@ def test_asvd_with_alpha_zero_is_plain_svd():
     a, p = methods.asvd(w, 7, stats.abs_mean, alpha=0.0), plain_svd(w, 7)
     assert torch.equal(a.left, p.left) and torch.equal(a.right, p.right)
     assert not torch.allclose(methods.asvd(w, 7, stats.abs_mean, alpha=0.5).left, p.left)
+
+
+SQUARE = [f"model.layers.{i}.self_attn.{p}_proj" for i in (0, 1) for p in ("q", "o")]  # 32 × 32: either side fits
+
+
+def _inputs(model, names, data):
+    """Each map's calibration inputs, [tokens, n], captured by the test's own hooks on the uncompressed model."""
+    seen = {n: [] for n in names}
+    hooks = [model.get_submodule(n).register_forward_pre_hook(
+        lambda module, args, n=n: seen[n].append(args[0].reshape(-1, args[0].shape[-1]).double())) for n in names]
+    for x, _ in data:
+        logits(model, x)
+    for h in hooks:
+        h.remove()
+    return {n: torch.cat(v) for n, v in seen.items()}
+
+
+def _best_rank_k(matrix, k):
+    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
+    return (u[:, :k] * s[:k]) @ vh[:k]
+
+
+def _product(model, name):
+    layer = model.get_submodule(name)
+    return (layer.left.weight @ layer.right.weight).detach().double()
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0])
+def test_asvd_scales_the_input_side_by_mean_abs_activation_to_alpha(alpha):
+    """ASVD (arXiv 2312.05821): Ŵ = SVD_k(W·S)·S⁻¹ with S = diag(mean_t |x_t|)^α over the map's *input* channels,
+    checked through compress_model against the test's own computation from the inputs it captured (α = 0 is plain
+    SVD: test_asvd_with_alpha_zero_is_plain_svd)."""
+    base, data, k = tiny("qwen3"), batches(), 6
+    names = SQUARE[::2]  # q: its inputs carry the spread norm scales (o's are nearly isotropic)
+    xs = _inputs(base, names, data)
+    model = copy_of(base)
+    compress_model(model, data, MethodConfig(kind="asvd", alpha=alpha), 0.5, ranks=dict.fromkeys(names, k))
+    for name in names:
+        w = base.get_submodule(name).weight.detach().double()
+        s = xs[name].abs().mean(0) ** alpha
+        assert s.max() > 2 * s.min(), name  # anisotropic inputs: the scaling changes the answer
+        expect = _best_rank_k(w * s, k) / s  # W·S, then ·S⁻¹: columns are input channels
+        torch.testing.assert_close(_product(model, name), expect, rtol=1e-5, atol=1e-7, msg=name)
+        assert (expect - _best_rank_k(w, k)).norm() > 0.05 * w.norm(), name
+
+
+def _fisher_error(w, w_hat, rows):
+    """FWSVD's objective: Σ_i I_i Σ_j (W − Ŵ)_ij², the Fisher-weighted error with weights on the output rows."""
+    return float((rows[:, None] * (w - w_hat) ** 2).sum())
+
+
+def test_fwsvd_is_plain_svd_under_uniform_fisher_weights():
+    w, _ = _layer()
+    plain = plain_svd(w, 7)
+    f = methods.fwsvd(w, 7, torch.full((w.shape[0],), 3.7))
+    torch.testing.assert_close(f.left @ f.right, plain.left @ plain.right, rtol=0, atol=1e-12)
+
+
+def test_fwsvd_minimises_the_fisher_weighted_error():
+    """Hsu et al. 2022: with row weights I_i, Ŵ = diag(√I)⁻¹·SVD_k(diag(√I)·W) is the exact minimiser of the
+    Fisher-weighted error (Eckart–Young on diag(√I)·W): its error is the discarded σ² of diag(√I)·W, below plain
+    SVD's. Through compress_model, with the Fisher rows it computes (test_fisher_rows_are_per_sequence_...)."""
+    base, data, k = tiny("qwen3"), batches(), 6
+    fisher = fisher_rows(base, data, SQUARE)
+    model = copy_of(base)
+    compress_model(model, data, MethodConfig(kind="fwsvd"), 0.5, ranks=dict.fromkeys(SQUARE, k))
+    for name in SQUARE:
+        w, rows = base.get_submodule(name).weight.detach().double(), fisher[name].double()
+        assert rows.max() > 3 * rows.min(), name  # non-uniform weights: FWSVD differs from plain SVD
+        optimum = float((torch.linalg.svdvals(rows.sqrt()[:, None] * w)[k:] ** 2).sum())
+        mine = _fisher_error(w, _product(model, name), rows)
+        assert mine == pytest.approx(optimum, rel=1e-6), name
+        assert mine < 0.98 * _fisher_error(w, _best_rank_k(w, k), rows), name
 
 
 def test_whitening_adds_jitter_only_when_needed():
@@ -399,3 +473,58 @@ def test_summary_claims_follow_the_measured_differences(tmp_path):
     summary.plot_ppl(summary.by_method(table), 50.0, tmp_path / "ppl.png")
     assert summary.plot_erank(layer_table, tmp_path / "erank.png") == pytest.approx(1.0)
     assert (tmp_path / "ppl.png").stat().st_size > 0 and (tmp_path / "erank.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------- mutation checks (tests/mutants.py)
+@mutant("asvd-output-side")  # S on the rows (outputs) of W instead of its columns (inputs); square maps only
+def _(monkeypatch):
+    def asvd(weight, k, abs_mean, alpha=0.5):
+        scale = abs_mean.double().clamp_min(methods.EPS)[:, None] ** alpha
+        left, right, s = methods.truncate(scale * weight.double(), k)
+        return methods.Factors(left / scale, right, s)
+
+    monkeypatch.setattr(methods, "asvd", asvd)
+
+
+@mutant("asvd-exponent-flipped")  # S = diag(mean|x|)^(−α)
+def _(monkeypatch):
+    real = methods.asvd
+    monkeypatch.setattr(methods, "asvd", lambda weight, k, abs_mean, alpha=0.5: real(weight, k, abs_mean, -alpha))
+
+
+@mutant("fwsvd-exponent-flipped")  # rows weighted by I^(−½)
+def _(monkeypatch):
+    real = methods.fwsvd
+    monkeypatch.setattr(methods, "fwsvd", lambda weight, k, rows: real(weight, k, 1 / rows.double().clamp_min(1e-30)))
+
+
+@mutant("fwsvd-wrong-side")  # √I on the columns (inputs) instead of the rows; square maps only
+def _(monkeypatch):
+    def fwsvd(weight, k, rows):
+        scale = rows.double().clamp_min(methods.EPS).sqrt()
+        left, right, s = methods.truncate(weight.double() * scale, k)
+        return methods.Factors(left, right / scale, s)
+
+    monkeypatch.setattr(methods, "fwsvd", fwsvd)
+
+
+@mutant("svd-llm-unwhitened")  # SVD-LLM's factors without the whitening: plain SVD of W
+def _(monkeypatch):
+    monkeypatch.setattr(methods, "svd_llm", lambda weight, k, gram, jitter=1e-6: methods.plain_svd(weight, k))
+
+
+T = "tests/test_compress.py::"
+CAUGHT = [
+    ("asvd-output-side", f"{T}test_asvd_scales_the_input_side_by_mean_abs_activation_to_alpha"),
+    ("asvd-exponent-flipped", f"{T}test_asvd_scales_the_input_side_by_mean_abs_activation_to_alpha"),
+    ("fwsvd-exponent-flipped", f"{T}test_fwsvd_minimises_the_fisher_weighted_error"),
+    ("fwsvd-wrong-side", f"{T}test_fwsvd_minimises_the_fisher_weighted_error"),
+    ("fwsvd-wrong-side", f"{T}test_fwsvd_is_plain_svd_under_uniform_fisher_weights"),
+    ("svd-llm-unwhitened", f"{T}test_svd_llm_loss_is_the_discarded_singular_values_of_whitened_w"),
+]
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name,test_id", CAUGHT, ids=[f"{n}->{t.split('::')[1]}" for n, t in CAUGHT])
+def test_a_broken_baseline_is_caught(name, test_id):
+    assert_caught(test_id, name)

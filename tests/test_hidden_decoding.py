@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mutants import assert_caught, mutant
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ModelConfig, ModelSource
@@ -269,6 +270,69 @@ def test_a_local_llama_continues_training(tmp_path):
     assert math.isfinite(metrics["flops"]) and metrics["n_streams"] == 2
     reloaded = load_hidden_decoding(tmp_path / "out/model")
     assert len(reloaded.extra_embeds) == 1
+    # every table trained: with zero noise E_2 started as the backbone's E_1 (frozen tables still drop the loss)
+    start = LlamaForCausalLM.from_pretrained(tmp_path / "llama").get_input_embeddings().weight
+    for s, table in enumerate(reloaded.embeddings(), 1):
+        assert (table.weight - start).abs().max() > 1e-3, f"E_{s} did not train"
+
+
+def test_tables_start_as_exact_copies_of_the_backbones_embedding():
+    """METHODS §C: every E_s starts as the backbone's embedding; with zero noise exactly, with noise ε at about
+    ε·std(E) per entry; E_1 is the backbone's own table (tied heads stay tied)."""
+    backbone = llama()
+    e = backbone.get_input_embeddings().weight.detach().clone()
+    model = hd(backbone, n_streams=4, mixing_layers=[1], embed_noise=0.0)
+    assert model.embeddings()[0].weight is backbone.get_input_embeddings().weight
+    assert len(model.extra_embeds) == 3 and all(torch.equal(t.weight, e) for t in model.extra_embeds)
+    noisy = hd(llama(), n_streams=3, mixing_layers=[1], embed_noise=0.1)
+    for table in noisy.extra_embeds:
+        assert float((table.weight.detach() - e).std()) == pytest.approx(0.1 * float(e.std()), rel=0.1)
+
+
+def _resume_cfg(folder):
+    return HiddenDecodingConfig(
+        source={"path": str(folder)}, source_dep=str(folder), mixing_layers=[1], embed_noise=0.1,
+        cells={"n2": {"n_streams": 2}}, grid=["n2"],
+        train={"seq_len": 16, "batch_size": 4, "max_steps": 8, "val_every": 4, "ckpt_every": 4,
+               "val_tokens": 256, "optimizer": {"lr": 3e-3}})
+
+
+def test_an_interrupted_cell_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    """fit_cell killed after its step-4 checkpoint, then rerun: it trains only steps 5..8 and ends with the
+    uninterrupted run's losses, curve and weights (extra tables included); a changed backbone is a new config
+    hash, so its checkpoint would not be resumed."""
+    from scalelab.train import hidden_decoding as hdt
+
+    llama(layers=2).save_pretrained(tmp_path / "llama")
+    _write_shards(tmp_path / "tokens")
+    cfg, shards = _resume_cfg(tmp_path / "llama"), tmp_path / "tokens"
+    straight = hdt.fit_cell(cfg, "n2", 0, tmp_path / "straight", shards)
+    starts = []
+
+    class Counting(hdt.StepCheckpoint):  # the cell's own checkpoint callback, counting steps and crashing on cue
+        crash_at = 4
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if pl_module.step == self.crash_at:
+                raise RuntimeError("killed")
+            starts.append(pl_module.step)
+
+    monkeypatch.setattr(hdt, "StepCheckpoint", Counting)
+    with pytest.raises(RuntimeError, match="killed"):
+        hdt.fit_cell(cfg, "n2", 0, tmp_path / "resumed", shards)
+    assert torch.load(tmp_path / "resumed/ckpt/last.ckpt", weights_only=True)["scalelab"]["step"] == 4
+    Counting.crash_at, starts[:] = None, []
+    resumed = hdt.fit_cell(cfg, "n2", 0, tmp_path / "resumed", shards)
+    assert starts == [4, 5, 6, 7], starts  # continued from the checkpoint, not from the backbone
+    for key in ("val_loss", "train_loss", "steps"):
+        assert resumed[key] == pytest.approx(straight[key], abs=1e-6), key
+    assert (tmp_path / "resumed/model/curve.csv").read_text() == (tmp_path / "straight/model/curve.csv").read_text()
+    a, b = (load_hidden_decoding(tmp_path / d / "model").state_dict() for d in ("straight", "resumed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    chash = hdt.config_hash(cfg, "n2", 0, 8, shards)
+    llama(layers=2, seed=1).save_pretrained(tmp_path / "llama")  # same config, other weights
+    assert hdt.config_hash(cfg, "n2", 0, 8, shards) != chash
 
 
 # ------------------------------------------------------------------ the summary's comparisons and claims
@@ -298,3 +362,59 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
     (tmp_path / "c4-1.json").unlink()
     with pytest.raises(ValueError, match="c4-1.json: missing"):
         hdr.collect(tmp_path, cfg)
+
+
+# ------------------------------------------------------------------ mutation checks (tests/mutants.py)
+def _after_init(monkeypatch, then):
+    real = HiddenDecodingLM.__init__
+
+    def init(self, backbone, cfg):
+        real(self, backbone, cfg)
+        then(self)
+
+    monkeypatch.setattr(HiddenDecodingLM, "__init__", init)
+
+
+@mutant("hd-tables-frozen")  # E_2..E_n never trained
+def _(monkeypatch):
+    _after_init(monkeypatch, lambda self: self.extra_embeds.requires_grad_(False))
+
+
+@mutant("hd-tables-not-copied")  # E_2..E_n freshly initialised instead of copied from the backbone
+def _(monkeypatch):
+    def fresh(self):
+        with torch.no_grad():
+            for table in self.extra_embeds:
+                table.weight.normal_(0.0, float(self.embeddings()[0].weight.std()))
+
+    _after_init(monkeypatch, fresh)
+
+
+@mutant("hd-resume-ignored")  # the checkpoint is claimed but the run starts over from the backbone
+def _(monkeypatch):
+    from scalelab.train import hidden_decoding as hdt
+
+    real = hdt.claim_ckpt_dir
+    monkeypatch.setattr(hdt, "claim_ckpt_dir", lambda *a, **k: real(*a, **k) and None)
+
+
+@mutant("hd-hash-ignores-backbone")  # the backbone's files left out of the config hash
+def _(monkeypatch):
+    from scalelab.train import hidden_decoding as hdt
+
+    monkeypatch.setattr(hdt, "source_digest", lambda location: location)
+
+
+T = "tests/test_hidden_decoding.py::"
+CAUGHT = [
+    ("hd-tables-frozen", f"{T}test_a_local_llama_continues_training"),
+    ("hd-tables-not-copied", f"{T}test_tables_start_as_exact_copies_of_the_backbones_embedding"),
+    ("hd-resume-ignored", f"{T}test_an_interrupted_cell_resumes_to_the_uninterrupted_result"),
+    ("hd-hash-ignores-backbone", f"{T}test_an_interrupted_cell_resumes_to_the_uninterrupted_result"),
+]
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name,test_id", CAUGHT, ids=[f"{n}->{t.split('::')[1]}" for n, t in CAUGHT])
+def test_a_broken_hidden_decoding_is_caught(name, test_id):
+    assert_caught(test_id, name)

@@ -6,13 +6,17 @@ import json
 import math
 
 import pytest
+import pytorch_optimizer as po
 import torch
+import torch.optim._muon as torch_muon
+from mutants import assert_caught, mutant
+from pytorch_optimizer.optimizer.utils.galore import GaLoreProjector
 from test_train import FailAt, make_shards
 
 from scalelab.config import OptimizerConfig, ParamsError, load_params
 from scalelab.evaluate import leaderboard, optbench
 from scalelab.model import Transformer
-from scalelab.optim import OPTIMIZERS, build_optimizers, hooks
+from scalelab.optim import OPTIMIZERS, build_optimizers, families, hooks
 from scalelab.train import Cell, fit
 
 MICRO_VOCAB = 64
@@ -55,8 +59,11 @@ def _batch(seed=0):
 def test_every_registered_optimizer_lowers_the_loss(params, name):
     model = _model(params)
     opts = build_optimizers(model, _cfg(params, name), model.cfg.scale)
+    before = [p.detach().clone() for p in hooks.params_of(opts[0])]
     losses = _train(model, opts, _batch(), 20)
     assert all(math.isfinite(v) for v in losses)
+    # the family's own parameters moved: the side AdamW alone drops the loss 4.13 -> ~2.3 (embeddings and head)
+    assert all(not torch.equal(a, b) for a, b in zip(before, hooks.params_of(opts[0]))), name
     assert losses[-1] < losses[0] - 0.1, (name, losses[0], losses[-1])
     with hooks.eval_weights(opts):  # Schedule-Free's average x is a trained model too
         assert model(*_batch()).loss.item() < losses[0] - 0.1
@@ -108,6 +115,29 @@ def test_state_dict_round_trip_continues_identically(params, name, tmp_path):
     _train(other, reopts, _batch(1), 3)
     for (n, a), b in zip(model.named_parameters(), other.parameters()):
         assert torch.equal(a, b), (name, n)
+    for o, r in zip(opts, reopts):  # the optimizers' own state continued identically, too
+        _assert_same_state(o.state_dict(), r.state_dict(), name)
+    assert opts[0].state and len(opts[0].state) == len(hooks.params_of(opts[0])), name  # state for each parameter
+    # the family's own parameters moved after the resume (with its step a no-op, both runs would agree trivially)
+    names = {id(p): n for n, p in other.named_parameters()}
+    for p in hooks.params_of(reopts[0]):
+        assert not torch.equal(p, saved["model"][names[id(p)]]), (name, names[id(p)])
+
+
+def _assert_same_state(a: object, b: object, where: str) -> None:
+    """Two optimizer state dicts hold equal tensors and values (nested in dicts and lists)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _assert_same_state(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
 
 
 def _bench_params(params, **optimizers):
@@ -128,6 +158,12 @@ def test_resumed_run_continues_with_the_same_state(params, shards, tmp_path, nam
     resumed = fit(sub, cell, tmp_path / "resumed", shards)
     assert resumed["val_loss"] == pytest.approx(straight["val_loss"], abs=1e-6)
     assert ((tmp_path / "straight/model/curve.csv").read_text() == (tmp_path / "resumed/model/curve.csv").read_text())
+    # the optimizers' own state (GaLore's projector, Sophia's Hessian EMA) ended the same, and it exists: a state
+    # entry for every parameter the family holds (a no-op family step leaves it empty and both runs equal)
+    ck = [torch.load(tmp_path / d / "ckpt/last.ckpt", weights_only=True) for d in ("straight", "resumed")]
+    _assert_same_state(ck[0]["optimizer_states"], ck[1]["optimizer_states"], name)
+    own = ck[0]["optimizer_states"][0]
+    assert len(own["state"]) == sum(len(g["params"]) for g in own["param_groups"]) > 0, name
 
 
 def test_schedule_free_validates_and_exports_its_average(params, shards, tmp_path):
@@ -244,3 +280,146 @@ def test_step_time_pairs_alternate_which_optimizer_steps_first(params, shards, m
     ratio = optbench.step_time_ratio(sub, "sgd", "a", shards)
     assert firsts == ["AdamW", "SGD"] * 3 and len(calls) == 12
     assert ratio["step_time_ratio"] > 0
+
+
+def _family_step(params, name, warm=0):
+    """Step `warm + 1` of the family on the micro model: per parameter of the family's own optimizer, (weight before,
+    weight after, gradient, its group), and that optimizer."""
+    model = _model(params)
+    opts = build_optimizers(model, _cfg(params, name), model.cfg.scale)
+    _train(model, opts, _batch(0), warm)
+    model(*_batch(1)).loss.backward()
+    before = [(p, p.detach().clone(), p.grad.clone(), g) for g in opts[0].param_groups for p in g["params"]]
+    for o in opts:
+        o.step()
+    return [(w0, p.detach().clone(), grad, g) for p, w0, grad, g in before], opts[0]
+
+
+def _undecayed(w0, w1, group):
+    """The update u with w1 = (w0 − u)·(1 − lr·wd) or w0·(1 − lr·wd) − u: decoupled decay taken out."""
+    return w0 - w1 / (1 - group["lr"] * group["weight_decay"])
+
+
+def test_muon_update_is_the_orthogonalised_momentum_rms_matched(params):
+    """Moonshot's Muon (arXiv 2502.16982): W ← W − η(0.2·sqrt(max(A,B))·NS5(M) + λW). On the first step M ∝ G, so
+    the update divided by η·0.2·sqrt(max(A,B)) is NS5(G): close to the polar factor U·Vᵀ of G, its singular values in
+    the quintic's band (0.5-1.5) where G has any (the gradient's own spread reaches 300x), and the update's RMS
+    about 0.2·η (AdamW's), since an orthogonal A×B matrix has RMS 1/sqrt(max(A,B))."""
+    steps, _ = _family_step(params, "muon")
+    assert len(steps) == 7
+    for w0, w1, grad, g in steps:
+        step = w0 * (1 - g["lr"] * g["weight_decay"]) - w1
+        u = step / (g["lr"] * 0.2 * math.sqrt(max(w0.shape)))
+        left, sg, right = torch.linalg.svd(grad, full_matrices=False)
+        polar = left @ right
+        assert (u * polar).sum() / (u.norm() * polar.norm()) > 0.95, w0.shape
+        s = torch.linalg.svdvals(u)[: int((sg > 1e-2 * sg[0]).sum())]
+        assert s.min() > 0.5 and s.max() < 1.5, (w0.shape, s.min(), s.max())
+        assert 0.7 < step.pow(2).mean().sqrt() / (0.2 * g["lr"]) < 1.1, w0.shape
+
+
+def test_soap_update_is_adam_in_shampoos_eigenbasis(params):
+    """SOAP (Vyas et al. 2024): Q_L, Q_R are the eigenvectors of Shampoo's factors E[G·Gᵀ], E[Gᵀ·G]; the update is
+    Adam's in the rotated frame, Q_L·Adam(Q_Lᵀ·G·Q_R)·Q_Rᵀ. Its first step only sets the preconditioner: Q then
+    diagonalises that gradient's G·Gᵀ and Gᵀ·G. Adam's first step is lr·sign, so the next step's rotated update
+    Q_Lᵀ·u·Q_R is lr·sign(Q_Lᵀ·G·Q_R), and u is nothing like plain Adam's lr·sign(G)."""
+    first, opt = _family_step(params, "soap")
+    assert len(opt.state) == len(first) == 7
+    for (w0, w1, grad, g), s in zip(first, opt.state.values()):
+        assert torch.equal(w0, w1)
+        for q, gram in zip(s["Q"], (grad @ grad.T, grad.T @ grad)):
+            d = q.T @ gram @ q
+            assert (d - torch.diag(torch.diag(d))).norm() < 1e-4 * d.norm(), w0.shape
+    second, opt = _family_step(params, "soap", warm=1)
+    for (w0, w1, grad, g), s in zip(second, opt.state.values()):
+        left, right = s["Q"]  # refreshed every 10 steps: the frame step 2 used
+        u = _undecayed(w0, w1, g)
+        want = g["lr"] * torch.sign(left.T @ grad @ right)
+        assert (left.T @ u @ right - want).norm() < 0.1 * want.norm(), w0.shape
+        assert (u - g["lr"] * torch.sign(grad)).norm() > 0.5 * want.norm(), w0.shape
+
+
+def test_galore_update_is_adam_in_the_gradients_top_rank_subspace(params):
+    """GaLore (Zhao et al. 2024): the gradient is projected onto its top-r singular vectors on its smaller side (left
+    for wide matrices, right otherwise; r = a quarter of that side), Adam runs on the r-wide
+    projection and the update comes back scaled by `scale`. On the first step: u has rank r, lies in that subspace,
+    and is Adam's lr·sign on the projection, so ‖u‖_F = scale·lr·sqrt(r·max(A, B))."""
+    steps, opt = _family_step(params, "galore")
+    assert len(opt.state) == len(steps) == 7
+    for w0, w1, grad, g in steps:
+        u, r = _undecayed(w0, w1, g), g["rank"]
+        assert r == min(w0.shape) // 4
+        left, _, right = torch.linalg.svd(grad, full_matrices=False)
+        wide = w0.shape[0] < w0.shape[1]
+        top = left[:, :r] if wide else right[:r].T
+        inside = top @ top.T @ u if wide else u @ top @ top.T
+        assert (u - inside).norm() < 1e-4 * u.norm(), w0.shape
+        assert torch.linalg.matrix_rank(u, rtol=1e-4) == r, w0.shape
+        assert u.norm() == pytest.approx(g["scale"] * g["lr"] * math.sqrt(r * max(w0.shape)), rel=0.01), w0.shape
+
+
+# Mutation checks (tests/mutants.py): each family's own step broken, and the tests above that must notice.
+def _noop(self, closure=None, **kwargs):
+    return None
+
+
+@mutant("muon-noop")
+def _(monkeypatch):
+    monkeypatch.setattr(families.Muon, "step", _noop)
+
+
+@mutant("muon-unorthogonalised")  # the momentum normalised to the same Frobenius norm, not orthogonalised
+def _(monkeypatch):
+    monkeypatch.setattr(families, "_newton_schulz_fp32",
+                        lambda g, coeffs, steps, eps: g.float() / g.norm() * math.sqrt(min(g.shape)))
+
+
+@mutant("muon-unmatched-rms")  # torch's default scale sqrt(max(1, A/B)) instead of Moonshot's 0.2·sqrt(max(A, B))
+def _(monkeypatch):
+    monkeypatch.setattr(torch_muon, "_adjust_lr", lambda lr, fn, shape: lr * math.sqrt(max(1, shape[0] / shape[1])))
+
+
+@mutant("soap-noop")
+def _(monkeypatch):
+    monkeypatch.setattr(po.SOAP, "step", _noop)
+
+
+@mutant("soap-unrotated")  # plain Adam: the eigenbasis projection is the identity
+def _(monkeypatch):
+    monkeypatch.setattr(po.SOAP, "project", lambda self, grad, state, **kwargs: grad)
+
+
+@mutant("galore-noop")
+def _(monkeypatch):
+    monkeypatch.setattr(families.GaLore, "step", _noop)
+
+
+@mutant("galore-unprojected")  # full-rank Adam: projection and its way back are the identity
+def _(monkeypatch):
+    monkeypatch.setattr(GaLoreProjector, "project", lambda self, grad, steps, *a, **k: grad)
+    monkeypatch.setattr(GaLoreProjector, "project_back", lambda self, grad: grad)
+
+
+T = "tests/test_optimizers.py::"
+CAUGHT = [
+    ("muon-noop", f"{T}test_every_registered_optimizer_lowers_the_loss[muon]"),
+    ("muon-noop", f"{T}test_muon_update_is_the_orthogonalised_momentum_rms_matched"),
+    ("muon-noop", f"{T}test_state_dict_round_trip_continues_identically[muon]"),
+    ("muon-unorthogonalised", f"{T}test_muon_update_is_the_orthogonalised_momentum_rms_matched"),
+    ("muon-unmatched-rms", f"{T}test_muon_update_is_the_orthogonalised_momentum_rms_matched"),
+    ("soap-noop", f"{T}test_every_registered_optimizer_lowers_the_loss[soap]"),
+    ("soap-noop", f"{T}test_soap_update_is_adam_in_shampoos_eigenbasis"),
+    ("soap-noop", f"{T}test_state_dict_round_trip_continues_identically[soap]"),
+    ("soap-unrotated", f"{T}test_soap_update_is_adam_in_shampoos_eigenbasis"),
+    ("galore-noop", f"{T}test_every_registered_optimizer_lowers_the_loss[galore]"),
+    ("galore-noop", f"{T}test_galore_update_is_adam_in_the_gradients_top_rank_subspace"),
+    ("galore-noop", f"{T}test_state_dict_round_trip_continues_identically[galore]"),
+    ("galore-noop", f"{T}test_resumed_run_continues_with_the_same_state[galore]"),
+    ("galore-unprojected", f"{T}test_galore_update_is_adam_in_the_gradients_top_rank_subspace"),
+]
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name,test_id", CAUGHT, ids=[f"{n}->{t.split('::')[1]}" for n, t in CAUGHT])
+def test_a_broken_family_is_caught(name, test_id):
+    assert_caught(test_id, name)
