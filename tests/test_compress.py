@@ -447,7 +447,7 @@ def test_summary_claims_follow_the_measured_differences(tmp_path):
     cells, layers = [], {}
     for method, value in nll.items():
         for seed in (0, 1, 2):
-            v = value + 0.01 * seed
+            v = value + 0.01 * seed + 0.002 * np.random.default_rng([seed, *map(ord, method)]).standard_normal()
             cells.append({"method": method, "kind": method, "keep": 0.5, "seed": seed, "val_nll": v,
                           "ppl": math.exp(v), "ppl_dense": 50.0, "loss_rel_svd_llm": 1.0, "seconds": 1.0})
             # a method's loss falls with its erank ratio: the claimed correlation, exactly
@@ -464,12 +464,14 @@ def test_summary_claims_follow_the_measured_differences(tmp_path):
     layer_table = summary.layers_table({k: v for k, v in layers.items() if k[0] in summary.distinct(cfg)})
     entries = {s["id"]: claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"])
                for s in summary.claim_specs(table, layer_table, cfg)}
-    assert entries["d.order.svd_llm.sigmascale@0.5"]["effect"] == pytest.approx(0.1)
+    assert entries["d.order.svd_llm.sigmascale@0.5"]["effect"] == pytest.approx(0.1, abs=0.005)
     beyond = entries.pop("d.beyond.svd_llm_e2e.svd_llm@0.5")
-    assert beyond["effect"] == pytest.approx(-0.05) and beyond["verdict"] == "contradicted"  # worse than SVD-LLM
-    assert len(entries) == 7 and all(e["verdict"] == "reproduced" for e in entries.values()), entries
-    assert entries["d.erank_loss.sigmascale"]["effect"] == pytest.approx(1.0)
-    assert entries["d.erank_loss"]["effect"] == pytest.approx(1.0)
+    assert beyond["effect"] == pytest.approx(-0.05, abs=0.005) and beyond["verdict"] == "contradicted"  # worse than SVD-LLM
+    # Spearman ρ = 1 exactly in every seed: identical per-seed values, a degenerate t interval (claims.py's rule)
+    for key in ("d.erank_loss", "d.erank_loss.sigmascale"):
+        erank = entries.pop(key)
+        assert erank["effect"] == pytest.approx(1.0) and erank["verdict"] == "inconclusive (no seed variance)", erank
+    assert len(entries) == 5 and all(e["verdict"] == "reproduced" for e in entries.values()), entries
     summary.plot_ppl(summary.by_method(table), 50.0, tmp_path / "ppl.png")
     assert summary.plot_erank(layer_table, tmp_path / "erank.png") == pytest.approx(1.0)
     assert (tmp_path / "ppl.png").stat().st_size > 0 and (tmp_path / "erank.png").stat().st_size > 0

@@ -350,7 +350,7 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
     loss = {"n1": 3.0, "n2": 2.9, "n4": 2.95, "n4full": 2.949, "c2": 2.92, "c4": 2.9}
     for cell, value in loss.items():
         for seed in cfg.seeds:
-            jitter = 0.001 * ((seed * 7 + len(cell)) % 3)
+            jitter = 0.001 * np.random.default_rng([seed, *map(ord, cell)]).standard_normal()  # per cell and seed
             (tmp_path / f"{cell}-{seed}.json").write_text(json.dumps({"val_loss": value + 0.3 * seed + jitter}))
     cmp = hdr.comparisons(hdr.collect(tmp_path, cfg), cfg)
     assert cmp["gain_tokens"][2] == pytest.approx([0.1] * 3, abs=0.003)
