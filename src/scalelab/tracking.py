@@ -153,7 +153,8 @@ def _repro_parent(client: MlflowClient, experiment_id: str, create: bool) -> str
             return run.info.run_id
     if not create:
         return None
-    tags = {"scalelab.pipeline_key": key, "git.commit": git_commit(), **dashboard.source_tags("dvc.yaml")}
+    tags = {"scalelab.pipeline_key": key, "git.commit": git_commit(), **dashboard.source_tags("dvc.yaml"),
+            orphans.OWNER_TAG: orphans.owner()}  # owned from its first write: never RUNNING without an owner
     return client.create_run(experiment_id, run_name=f"dvc repro {git_commit()[:8]}", tags=tags).info.run_id
 
 
@@ -188,19 +189,19 @@ class StageRun:
             parent = os.environ.get(PARENT_ENV)
             if not parent:
                 parent = self._parent = _repro_parent(client, self.experiment_id, create=True)
-                client.update_run(parent, status="RUNNING")
-                client.set_tag(parent, orphans.OWNER_TAG, orphans.owner())  # held by this stage while it runs
+                orphans.claim(client, parent)  # held by this stage while it runs (owner before status: orphans)
             tags[MLFLOW_PARENT_RUN_ID] = self.parent_id = parent
         if run_id:  # resume: continue the run stored beside the checkpoint
             try:
                 self._logged = set(client.get_run(run_id).data.params)
-                client.update_run(run_id, status="RUNNING")
+                orphans.claim(client, run_id)  # owner before status: never RUNNING under its dead owner (orphans)
             except MlflowException as err:
                 if err.error_code != "RESOURCE_DOES_NOT_EXIST":
                     raise
                 warnings.warn(f"MLflow run {run_id} not found; starting a new one", RuntimeWarning)
                 run_id = None
-        self.run_id = run_id or client.create_run(self.experiment_id, run_name=name).info.run_id
+        owned = {orphans.OWNER_TAG: orphans.owner()}  # from the first write: a kill right after leaves it sweepable
+        self.run_id = run_id or client.create_run(self.experiment_id, run_name=name, tags=owned).info.run_id
         self._client = client
         self.set_tags({**tags, orphans.OWNER_TAG: orphans.owner()})
 
