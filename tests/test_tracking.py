@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST_TMP
 from mlflow import MlflowClient
+from mutants import assert_caught, mutant
 
 from scalelab import tracking
 
@@ -173,10 +174,54 @@ def test_lightning_logger_survives_an_outage_mid_training(project):
             raise ConnectionError("server gone")
 
         logger.experiment.log_batch = logger.experiment.log_metric = gone
-        with pytest.warns(RuntimeWarning, match="unavailable"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # every warning recorded, none folded by the once-per-place filter
             logger.log_batch([Metric("loss", 2.0, 0, 2)])
-        logger.log_metrics({"loss": 1.0}, step=3)  # no second warning, no exception
-        logger.finalize("success")
+            logger.log_metrics({"loss": 1.0}, step=3)  # no second warning, no exception
+            logger.log_hyperparams({"lr": 1})
+            logger.finalize("success")
+        down = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(down) == 1 and "unavailable" in down[0] and "server gone" in down[0], down
+
+
+def test_lightning_finalize_leaves_the_terminal_state_to_the_stage(project):
+    """Issue 21: Lightning's finalize, right after fit, marked the run FINISHED before the stage's export and
+    metrics existed; the stage's exit is the only writer of a terminal state."""
+    _, exp = project
+    with tracking.stage_run("pretrain@f", params={}, experiment=exp) as r:
+        logger = r.lightning_logger()
+        logger.log_metrics({"loss": 1.0}, step=1)
+        logger.finalize("success")  # what Trainer.fit does as it returns
+        assert run(r.run_id).info.status == "RUNNING"
+    assert run(r.run_id).info.status == "FINISHED"
+
+
+@mutant("logger-warns-every-time")
+def _(monkeypatch):
+    cls = tracking._safe_logger_class()
+
+    def _safe(self, fn, *args):
+        try:
+            fn(*args)
+        except Exception as err:
+            tracking._warn_down(err)
+
+    monkeypatch.setattr(cls, "_safe", _safe)
+
+
+@mutant("logger-finalize-terminates")
+def _(monkeypatch):
+    cls = tracking._safe_logger_class()
+    monkeypatch.setattr(cls, "finalize", lambda self, status="success": self._safe(super(cls, self).finalize, status))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("test,name", [
+    ("test_lightning_logger_survives_an_outage_mid_training", "logger-warns-every-time"),
+    ("test_lightning_finalize_leaves_the_terminal_state_to_the_stage", "logger-finalize-terminates"),
+])
+def test_mutants_are_caught(test, name):
+    assert_caught(f"tests/test_tracking.py::{test}", name)
 
 
 def test_artifact_into_the_parent_run(project):

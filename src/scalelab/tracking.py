@@ -42,7 +42,6 @@ PARENT_ENV = "SCALELAB_PARENT_RUN_ID"  # set by the Prefect flow
 FLOW_RUN_ENV = "SCALELAB_PREFECT_FLOW_RUN_ID"  # set by the Prefect flow
 RUN_ENV = "SCALELAB_RUN_ID"  # set by rank 0, inherited by the DDP ranks Lightning re-launches
 BIG_FILE = 64 * 2**20  # deps above this are hashed by size + mtime
-BATCH, METRIC_BATCH = 100, 1000  # MLflow's log_batch limits (params/tags, metrics)
 MAX_KEY, MAX_PARAM, MAX_TAG = 250, 6000, 8000  # MLflow's length limits
 
 
@@ -207,8 +206,7 @@ class StageRun:
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(k[:MAX_KEY], str(v)[:MAX_PARAM]) for k, v in flatten(params).items() if k not in self._logged]
-        for i in range(0, len(items), BATCH):
-            self._call("log_batch", self.run_id, params=items[i : i + BATCH])
+        self._call("log_batch", self.run_id, params=items)  # MlflowClient.log_batch chunks to MLflow's limits
         self._logged |= {p.key for p in items}
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None, *, model_id: str | None = None,
@@ -219,13 +217,10 @@ class StageRun:
         link = {"model_id": model_id} | ({"dataset_name": dataset.name, "dataset_digest": dataset.digest}
                                          if dataset is not None else {})
         items = [Metric(k, v, now, step or 0, **link) for k, v in values.items() if v is not None]
-        for i in range(0, len(items), METRIC_BATCH):
-            self._call("log_batch", self.run_id, metrics=items[i : i + METRIC_BATCH])
+        self._call("log_batch", self.run_id, metrics=items)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        items = [RunTag(k[:MAX_KEY], str(v)[:MAX_TAG]) for k, v in tags.items()]
-        for i in range(0, len(items), BATCH):
-            self._call("log_batch", self.run_id, tags=items[i : i + BATCH])
+        self._call("log_batch", self.run_id, tags=[RunTag(k[:MAX_KEY], str(v)[:MAX_TAG]) for k, v in tags.items()])
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None, parent: bool = False) -> None:
         """A file into this run, or with `parent` into the pipeline's parent run (e.g. the scaling plot)."""
@@ -328,7 +323,8 @@ def _safe_logger_class():
             self._safe(super().log_hyperparams, params)
 
         def finalize(self, status: str = "success") -> None:
-            self._safe(super().finalize, status)
+            """Nothing: Lightning's marks the run FINISHED right after `fit`, before the stage's export and metrics
+            are written (issue 21). The stage's exit (`_lifecycle`, after its outs) writes the only terminal state."""
 
         def log_batch(self, metrics: list[Metric]) -> None:
             """Many steps' metrics in one request (MlflowClient.log_batch chunks them)."""
