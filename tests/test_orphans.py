@@ -8,6 +8,7 @@ import fcntl
 import os
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -180,6 +181,35 @@ def test_a_reused_pid_is_a_dead_owner(store, live):
     assert _state(client, stale)[0] == "KILLED" and _state(client, alive)[0] == "RUNNING"
 
 
+@mutant("stat-esrch-raises")
+def _(monkeypatch):
+    real = orphans._start_time
+
+    def _start_time(pid):
+        if not Path(f"/proc/{pid}/stat").exists():
+            return real(pid)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # ESRCH propagates
+
+    monkeypatch.setattr(orphans, "_start_time", _start_time)
+
+
+def test_an_owner_exiting_while_its_stat_is_read_is_gone(store, live, monkeypatch):
+    """Reading /proc/<pid>/stat of a process that is exiting fails with ESRCH (seen in test_runstate): that owner
+    is gone, and the sweep goes on to close its run instead of giving up."""
+    client, exp_id, uri = store
+    run_id = _run(client, exp_id, _tag(live.pid))
+    read = Path.read_text
+
+    def exiting(path, *args, **kwargs):
+        if str(path) == f"/proc/{live.pid}/stat":
+            raise ProcessLookupError(3, "No such process")
+        return read(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", exiting)
+    orphans.sweep(client, exp_id, uri)
+    assert _state(client, run_id)[0] == "KILLED"
+
+
 @mutant("other-host-judged")
 def _(monkeypatch):
     def owner_gone(tag):
@@ -225,6 +255,7 @@ def test_a_journaled_end_is_not_applied_to_a_reopened_run(store, live):
     ("test_a_claim_writes_its_owner_before_running_under_the_lock", "claim-status-first-unlocked"),
     ("test_a_reused_pid_is_a_dead_owner", "pid-reuse-ignored"),
     ("test_runs_of_other_hosts_are_left_to_their_host", "other-host-judged"),
+    ("test_an_owner_exiting_while_its_stat_is_read_is_gone", "stat-esrch-raises"),
     ("test_a_journaled_end_is_not_applied_to_a_reopened_run", "journal-ignores-owner"),
 ])
 def test_mutants_are_caught(test, name):

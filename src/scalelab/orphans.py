@@ -44,7 +44,7 @@ def _start_time(pid: int) -> str | None:
     "" where /proc does not exist (liveness by signal 0 only)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: it exited while its stat was being read
         if Path("/proc/self/stat").exists():
             return None
         try:
