@@ -11,8 +11,12 @@ with what its cell's exit status says it must be.
 
 import gc
 import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -161,3 +165,64 @@ def test_the_old_sweep_is_caught():
     """The sweep of b2d4a37 (no re-read after the owner is seen dead) closes some concurrent cells' runs KILLED."""
     assert_caught("tests/test_runstate.py::test_every_run_ends_in_the_state_its_cell_exited_with",
                   "sweep-stale-search")
+
+
+# ---------------------------------------------------------------- FINISHED means done (issue 21 item 2)
+# stages/pretrain.py, run as DVC runs it, with its Hugging Face export replaced by a rendezvous: it writes the barrier
+# file (its first argument) and waits there to be killed. fit has returned; the export and metrics are not written.
+BLOCKED_EXPORT = """
+import runpy, sys, time
+from pathlib import Path
+import scalelab.model.export as export
+
+barrier = Path(sys.argv.pop(1))
+
+def export_cell(*args, **kwargs):
+    barrier.write_text("fit returned")
+    time.sleep(600)
+
+export.export_cell = export_cell
+sys.argv[0] = {stage!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_stage_killed_after_fit_is_never_finished(tmp_path, monkeypatch):
+    """Killed between `fit` and the export, a pretrain cell's run is RUNNING (Lightning's finalize, which marked it
+    FINISHED right after fit, writes no state now), then KILLED at the next contact; its metrics do not exist."""
+    import yaml
+    from conftest import FAST_TMP, MICRO, ROOT
+    from test_train import make_shards
+
+    raw = yaml.safe_load(MICRO.read_text())
+    raw["pretrain"].update(max_steps=2, val_every=2, ckpt_every=2, gamma_every=2)
+    raw["pretrain"]["sharpness"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    make_shards(tmp_path / "data" / "tokens", n_train=2000, n_val=2100)
+    (tmp_path / "data" / "tokenizer").mkdir()
+    (tmp_path / "data" / "tokenizer" / "tokenizer.json").write_text("{}")  # checked for; read only by the export
+    store = Path(tempfile.mkdtemp(dir=FAST_TMP))
+    monkeypatch.setenv("SCALELAB_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+    for var in (tracking.PARENT_ENV, tracking.FLOW_RUN_ENV, tracking.RUN_ENV, "DVC_STAGE"):
+        monkeypatch.delenv(var, raising=False)
+    barrier = tmp_path / "fit-returned"
+    code = BLOCKED_EXPORT.format(stage=str(ROOT / "stages" / "pretrain.py"))
+    cmd = [sys.executable, "-c", code, str(barrier), "--variant", "standard", "--size", "a", "--recipe", "base",
+           "--seed", "0"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=dict(os.environ))
+    try:
+        while not barrier.exists() and proc.poll() is None:  # the rendezvous: the stage is past fit
+            time.sleep(0.1)
+        assert barrier.exists(), f"the stage exited {proc.returncode} before its export"
+        client = MlflowClient(tracking.tracking_uri())
+        exp = client.get_experiment_by_name(raw["tracking"]["experiment"])
+        (run,) = client.search_runs([exp.experiment_id], "tags.`dvc.stage` = 'pretrain@standard-a-0'")
+        assert run.info.status == "RUNNING"  # fit returned, nothing of the stage's outs written: not FINISHED
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (tmp_path / "metrics" / "pretrain" / "standard-a-base-0.json").exists()
+    tracking._connect(raw["tracking"]["experiment"])  # the next contact
+    assert client.get_run(run.info.run_id).info.status == "KILLED"
+    shutil.rmtree(store)
