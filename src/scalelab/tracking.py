@@ -202,7 +202,7 @@ class StageRun:
         owned = {orphans.OWNER_TAG: orphans.owner()}  # from the first write: a kill right after leaves it sweepable
         self.run_id = run_id or client.create_run(self.experiment_id, run_name=name, tags=owned).info.run_id
         self._client = client
-        self.set_tags({**tags, orphans.OWNER_TAG: orphans.owner()})
+        self.set_tags(tags)  # the owner tag is in already: create_run's or claim's
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(k[:MAX_KEY], str(v)[:MAX_PARAM]) for k, v in flatten(params).items() if k not in self._logged]
