@@ -45,7 +45,8 @@ def run(params: Params, args: argparse.Namespace) -> None:
         plot.with_suffix(".tmp").write_text(json.dumps(layers, indent=1) + "\n")
         os.replace(plot.with_suffix(".tmp"), plot)
         run.log_artifact(plot)
-    write_json_atomic(Path("metrics/compress") / f"{name}.json", {**metrics, "mlflow_run_id": run.run_id})
+        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        write_json_atomic(Path("metrics/compress") / f"{name}.json", {**metrics, "mlflow_run_id": run.run_id})
 
 
 def main() -> int:

@@ -58,12 +58,13 @@ def main(params: Params) -> None:
             run.log_artifact(out / name)
             run.log_artifact(out / name, parent=True)
         run.log_artifact("metrics/claims_d.json")
-    ppl = {m: {f"{r['keep']:g}": r["ppl"] for r in by_method.filter(pl.col("method") == m).iter_rows(named=True)}
-           for m in grid.methods}
-    rel = {m: {f"{r['keep']:g}": r["loss_rel_svd_llm"]
-               for r in by_method.filter(pl.col("method") == m).iter_rows(named=True)} for m in grid.methods}
-    write_json_atomic("metrics/compress.json", {"ppl_dense": dense, "ppl": ppl, "loss_rel_svd_llm": rel,
-                                                "erank_loss_spearman": rho, "cells": len(cells)})
+        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        ppl = {m: {f"{r['keep']:g}": r["ppl"] for r in by_method.filter(pl.col("method") == m).iter_rows(named=True)}
+               for m in grid.methods}
+        rel = {m: {f"{r['keep']:g}": r["loss_rel_svd_llm"]
+                   for r in by_method.filter(pl.col("method") == m).iter_rows(named=True)} for m in grid.methods}
+        write_json_atomic("metrics/compress.json", {"ppl_dense": dense, "ppl": ppl, "loss_rel_svd_llm": rel,
+                                                    "erank_loss_spearman": rho, "cells": len(cells)})
 
 
 if __name__ == "__main__":

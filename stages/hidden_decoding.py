@@ -44,8 +44,9 @@ def train(params: Params, args: argparse.Namespace) -> None:
         metrics = fit_cell(hd, args.cell, args.seed, out_dir, shards, run,
                            plot=Path("plots/hidden_decoding") / f"{name}.csv")
         run.record(out_dir / "model")
-    write_json_atomic(Path("metrics/hidden_decoding") / f"{name}.json",
-                      {"cell": args.cell, "seed": args.seed, **metrics, "mlflow_run_id": run.run_id})
+        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        write_json_atomic(Path("metrics/hidden_decoding") / f"{name}.json",
+                          {"cell": args.cell, "seed": args.seed, **metrics, "mlflow_run_id": run.run_id})
 
 
 def main() -> int:

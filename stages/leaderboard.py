@@ -43,8 +43,9 @@ def main(params: Params) -> None:
             run.log_artifact(out / name)
         run.log_artifact(out / "leaderboard.md", parent=True)
         run.record(out)
-    write_json_atomic(metrics / "leaderboard.json", board)
-    claims.write_claims("metrics/claims_b.json", entries)
+        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        write_json_atomic(metrics / "leaderboard.json", board)
+        claims.write_claims("metrics/claims_b.json", entries)
 
 
 if __name__ == "__main__":

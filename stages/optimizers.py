@@ -46,15 +46,16 @@ def main(params: Params, args: argparse.Namespace) -> None:
         else:
             cell = optbench.sweep_cell(params, args.optimizer, args.size, out, shards, stage)
         run.log_metrics({k: v for k, v in optbench.cell_metrics(cell).items() if isinstance(v, int | float)})
-    plot = Path("plots/optimizers") / kind / f"{name}.csv"
-    plot.parent.mkdir(parents=True, exist_ok=True)
-    rows = [optbench.CURVE_COLUMNS, *optbench.curve_rows(cell["runs"])]
-    plot.with_suffix(".tmp").write_text("".join(",".join(map(str, r)) + "\n" for r in rows))
-    os.replace(plot.with_suffix(".tmp"), plot)  # atomic: never half a curve
-    # The cell's cost: CPU seconds of the whole process (imports included), wall seconds after the params loaded.
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cost = {"cell_cpu_s": usage.ru_utime + usage.ru_stime, "cell_wall_s": time.perf_counter() - start}
-    write_json_atomic(Path("metrics/optimizers") / kind / f"{name}.json", {**optbench.cell_metrics(cell), **cost})
+        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        plot = Path("plots/optimizers") / kind / f"{name}.csv"
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        rows = [optbench.CURVE_COLUMNS, *optbench.curve_rows(cell["runs"])]
+        plot.with_suffix(".tmp").write_text("".join(",".join(map(str, r)) + "\n" for r in rows))
+        os.replace(plot.with_suffix(".tmp"), plot)  # atomic: never half a curve
+        # The cell's cost: CPU seconds of the whole process (imports included), wall seconds after the params loaded.
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cost = {"cell_cpu_s": usage.ru_utime + usage.ru_stime, "cell_wall_s": time.perf_counter() - start}
+        write_json_atomic(Path("metrics/optimizers") / kind / f"{name}.json", {**optbench.cell_metrics(cell), **cost})
 
 
 def cli() -> int:

@@ -51,13 +51,14 @@ def train(params: Params, args: argparse.Namespace) -> None:
         if rank_zero_only.rank == 0:
             metrics["hf_export"] = export_cell(out_dir / "model", tokenizer, params.tokenizer.eot_token)
         run.record(out_dir / "model")
-    if rank_zero_only.rank == 0:  # under DDP, Lightning re-runs this script on every rank
-        write_json_atomic(Path("metrics/pretrain") / f"{name}.json",
-                          {**identity, **metrics, "mlflow_run_id": run.run_id})
-        plot = Path("plots/pretrain") / f"{name}.csv"
-        plot.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out_dir / "model" / "curve.csv", plot.with_suffix(".tmp"))
-        os.replace(plot.with_suffix(".tmp"), plot)  # atomic: a crash never leaves half a curve
+        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        if rank_zero_only.rank == 0:  # under DDP, Lightning re-runs this script on every rank
+            write_json_atomic(Path("metrics/pretrain") / f"{name}.json",
+                              {**identity, **metrics, "mlflow_run_id": run.run_id})
+            plot = Path("plots/pretrain") / f"{name}.csv"
+            plot.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out_dir / "model" / "curve.csv", plot.with_suffix(".tmp"))
+            os.replace(plot.with_suffix(".tmp"), plot)  # atomic: a crash never leaves half a curve
 
 
 def main() -> int:

@@ -49,8 +49,10 @@ def main(params: Params) -> None:
         run.log_artifact(out / "scaling.png", parent=True)
         run.log_artifact(out / "claims_a.md")
         run.record(out)
-    claims.write_claims("metrics/claims_a.json", entries)
-    write_json_atomic("metrics/scaling.json", {"cells": cells.height, "fits": {v: f.row() for v, f in fits.items()}})
+        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        claims.write_claims("metrics/claims_a.json", entries)
+        write_json_atomic("metrics/scaling.json",
+                          {"cells": cells.height, "fits": {v: f.row() for v, f in fits.items()}})
 
 
 if __name__ == "__main__":

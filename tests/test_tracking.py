@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST_TMP
 from mlflow import MlflowClient
+from mutants import assert_caught, mutant
 
 from scalelab import tracking
 
@@ -96,6 +97,40 @@ def test_reopen_by_run_id_continues_the_run(project):
     assert run(first.run_id).info.status == "FINISHED"
 
 
+def test_a_reopened_run_and_parent_are_owned_before_they_are_running(project, monkeypatch):
+    """A resume's run and a repro parent taken by the next stage become RUNNING only once this process is their
+    owner (scalelab.orphans' rule): a sweep in between never sees them RUNNING under the process that left them."""
+    from scalelab import orphans
+
+    _, exp = project
+    with tracking.stage_run("pretrain@r", params={}, experiment=exp) as first:
+        pass
+    seen = []
+
+    class Watched(MlflowClient):
+        def update_run(self, run_id, status=None, *args, **kwargs):
+            if status == "RUNNING":
+                seen.append((run_id, self.get_run(run_id).data.tags[orphans.OWNER_TAG]))
+            return super().update_run(run_id, status, *args, **kwargs)
+
+    monkeypatch.setattr(tracking, "MlflowClient", Watched)
+    monkeypatch.setattr(orphans, "owner", lambda: "host:1:resumer")  # another process than the first stage's
+    with tracking.stage_run("pretrain@r", params={}, experiment=exp, run_id=first.run_id) as again:
+        assert run(again.run_id).data.tags[orphans.OWNER_TAG] == "host:1:resumer"
+    assert sorted(seen) == sorted([(first.parent_id, "host:1:resumer"), (first.run_id, "host:1:resumer")])
+
+
+@mutant("open-running-before-owner")
+def _(monkeypatch):
+    from scalelab import orphans
+
+    def claim(client, run_id):  # b2d4a37's order in StageRun._open: status first, the new owner after
+        client.update_run(run_id, status="RUNNING")
+        client.set_tag(run_id, orphans.OWNER_TAG, orphans.owner())
+
+    monkeypatch.setattr(orphans, "claim", claim)
+
+
 def test_body_raising_marks_failed_and_reraises(project):
     _, exp = project
     with pytest.raises(ZeroDivisionError):
@@ -173,10 +208,55 @@ def test_lightning_logger_survives_an_outage_mid_training(project):
             raise ConnectionError("server gone")
 
         logger.experiment.log_batch = logger.experiment.log_metric = gone
-        with pytest.warns(RuntimeWarning, match="unavailable"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # every warning recorded, none folded by the once-per-place filter
             logger.log_batch([Metric("loss", 2.0, 0, 2)])
-        logger.log_metrics({"loss": 1.0}, step=3)  # no second warning, no exception
-        logger.finalize("success")
+            logger.log_metrics({"loss": 1.0}, step=3)  # no second warning, no exception
+            logger.log_hyperparams({"lr": 1})
+            logger.finalize("success")
+        down = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(down) == 1 and "unavailable" in down[0] and "server gone" in down[0], down
+
+
+def test_lightning_finalize_leaves_the_terminal_state_to_the_stage(project):
+    """Issue 21: Lightning's finalize, right after fit, marked the run FINISHED before the stage's export and
+    metrics existed; the stage's exit is the only writer of a terminal state."""
+    _, exp = project
+    with tracking.stage_run("pretrain@f", params={}, experiment=exp) as r:
+        logger = r.lightning_logger()
+        logger.log_metrics({"loss": 1.0}, step=1)
+        logger.finalize("success")  # what Trainer.fit does as it returns
+        assert run(r.run_id).info.status == "RUNNING"
+    assert run(r.run_id).info.status == "FINISHED"
+
+
+@mutant("logger-warns-every-time")
+def _(monkeypatch):
+    cls = tracking._safe_logger_class()
+
+    def _safe(self, fn, *args):
+        try:
+            fn(*args)
+        except Exception as err:
+            tracking._warn_down(err)
+
+    monkeypatch.setattr(cls, "_safe", _safe)
+
+
+@mutant("logger-finalize-terminates")
+def _(monkeypatch):
+    cls = tracking._safe_logger_class()
+    monkeypatch.setattr(cls, "finalize", lambda self, status="success": self._safe(super(cls, self).finalize, status))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("test,name", [
+    ("test_lightning_logger_survives_an_outage_mid_training", "logger-warns-every-time"),
+    ("test_lightning_finalize_leaves_the_terminal_state_to_the_stage", "logger-finalize-terminates"),
+    ("test_a_reopened_run_and_parent_are_owned_before_they_are_running", "open-running-before-owner"),
+])
+def test_mutants_are_caught(test, name):
+    assert_caught(f"tests/test_tracking.py::{test}", name)
 
 
 def test_artifact_into_the_parent_run(project):

@@ -42,7 +42,6 @@ PARENT_ENV = "SCALELAB_PARENT_RUN_ID"  # set by the Prefect flow
 FLOW_RUN_ENV = "SCALELAB_PREFECT_FLOW_RUN_ID"  # set by the Prefect flow
 RUN_ENV = "SCALELAB_RUN_ID"  # set by rank 0, inherited by the DDP ranks Lightning re-launches
 BIG_FILE = 64 * 2**20  # deps above this are hashed by size + mtime
-BATCH, METRIC_BATCH = 100, 1000  # MLflow's log_batch limits (params/tags, metrics)
 MAX_KEY, MAX_PARAM, MAX_TAG = 250, 6000, 8000  # MLflow's length limits
 
 
@@ -153,7 +152,8 @@ def _repro_parent(client: MlflowClient, experiment_id: str, create: bool) -> str
             return run.info.run_id
     if not create:
         return None
-    tags = {"scalelab.pipeline_key": key, "git.commit": git_commit(), **dashboard.source_tags("dvc.yaml")}
+    tags = {"scalelab.pipeline_key": key, "git.commit": git_commit(), **dashboard.source_tags("dvc.yaml"),
+            orphans.OWNER_TAG: orphans.owner()}  # owned from its first write: never RUNNING without an owner
     return client.create_run(experiment_id, run_name=f"dvc repro {git_commit()[:8]}", tags=tags).info.run_id
 
 
@@ -188,26 +188,25 @@ class StageRun:
             parent = os.environ.get(PARENT_ENV)
             if not parent:
                 parent = self._parent = _repro_parent(client, self.experiment_id, create=True)
-                client.update_run(parent, status="RUNNING")
-                client.set_tag(parent, orphans.OWNER_TAG, orphans.owner())  # held by this stage while it runs
+                orphans.claim(client, parent)  # held by this stage while it runs (owner before status: orphans)
             tags[MLFLOW_PARENT_RUN_ID] = self.parent_id = parent
         if run_id:  # resume: continue the run stored beside the checkpoint
             try:
                 self._logged = set(client.get_run(run_id).data.params)
-                client.update_run(run_id, status="RUNNING")
+                orphans.claim(client, run_id)  # owner before status: never RUNNING under its dead owner (orphans)
             except MlflowException as err:
                 if err.error_code != "RESOURCE_DOES_NOT_EXIST":
                     raise
                 warnings.warn(f"MLflow run {run_id} not found; starting a new one", RuntimeWarning)
                 run_id = None
-        self.run_id = run_id or client.create_run(self.experiment_id, run_name=name).info.run_id
+        owned = {orphans.OWNER_TAG: orphans.owner()}  # from the first write: a kill right after leaves it sweepable
+        self.run_id = run_id or client.create_run(self.experiment_id, run_name=name, tags=owned).info.run_id
         self._client = client
-        self.set_tags({**tags, orphans.OWNER_TAG: orphans.owner()})
+        self.set_tags(tags)  # the owner tag is in already: create_run's or claim's
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(k[:MAX_KEY], str(v)[:MAX_PARAM]) for k, v in flatten(params).items() if k not in self._logged]
-        for i in range(0, len(items), BATCH):
-            self._call("log_batch", self.run_id, params=items[i : i + BATCH])
+        self._call("log_batch", self.run_id, params=items)  # MlflowClient.log_batch chunks to MLflow's limits
         self._logged |= {p.key for p in items}
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None, *, model_id: str | None = None,
@@ -218,13 +217,10 @@ class StageRun:
         link = {"model_id": model_id} | ({"dataset_name": dataset.name, "dataset_digest": dataset.digest}
                                          if dataset is not None else {})
         items = [Metric(k, v, now, step or 0, **link) for k, v in values.items() if v is not None]
-        for i in range(0, len(items), METRIC_BATCH):
-            self._call("log_batch", self.run_id, metrics=items[i : i + METRIC_BATCH])
+        self._call("log_batch", self.run_id, metrics=items)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        items = [RunTag(k[:MAX_KEY], str(v)[:MAX_TAG]) for k, v in tags.items()]
-        for i in range(0, len(items), BATCH):
-            self._call("log_batch", self.run_id, tags=items[i : i + BATCH])
+        self._call("log_batch", self.run_id, tags=[RunTag(k[:MAX_KEY], str(v)[:MAX_TAG]) for k, v in tags.items()])
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None, parent: bool = False) -> None:
         """A file into this run, or with `parent` into the pipeline's parent run (e.g. the scaling plot)."""
@@ -327,7 +323,8 @@ def _safe_logger_class():
             self._safe(super().log_hyperparams, params)
 
         def finalize(self, status: str = "success") -> None:
-            self._safe(super().finalize, status)
+            """Nothing: Lightning's marks the run FINISHED right after `fit`, before the stage's export and metrics
+            are written (issue 21). The stage's exit (`_lifecycle`, after its outs) writes the only terminal state."""
 
         def log_batch(self, metrics: list[Metric]) -> None:
             """Many steps' metrics in one request (MlflowClient.log_batch chunks them)."""

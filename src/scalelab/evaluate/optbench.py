@@ -15,6 +15,7 @@ water mark on CPU, reset per run; max_memory_allocated on GPU) and divergence: a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -140,33 +141,34 @@ def train_run(params: Params, optimizer: str, size: str, lr: float, seed: int, o
     probe = Probe(pre.batch_size * pre.seq_len)
     result = {"optimizer": optimizer, "size": size, "seed": seed, "lr": lr, "config_hash": chash}
     _reset_peak_memory(device)
-    run_id = None
+    logged = {"cell": {**result, "variant": cell.variant}, "optim": sub.optim[RECIPE].model_dump(mode="json"),
+              "recipe": sub.pretrain.recipes[RECIPE].model_dump(mode="json")}
+
+    def record(diverged: str | None, run_id: str | None) -> dict:
+        result.update({"diverged": diverged, "start_loss": probe.start_loss, "state_bytes": probe.state_bytes,
+                       "state_bytes_per_param": probe.state_bytes / probe.n_params if probe.n_params else None,
+                       "peak_mem_mb": _peak_memory_mb(device), "curve": probe.curve, "mlflow_run_id": run_id})
+        write_json_atomic(done, result)
+        return result
+
+    run = None
+    track = contextlib.nullcontext() if stage is None else tracking.stage_run(
+        stage, params=logged, experiment=params.tracking.experiment, deps=[str(shards / "meta.json")],
+        run_id=resume_run_id(out_dir, chash))
     try:
-        if stage is None:
-            metrics = fit(sub, cell, out_dir, shards, None, callbacks=[probe])
-        else:
-            logged = {"cell": {**result, "variant": cell.variant}, "optim": sub.optim[RECIPE].model_dump(mode="json"),
-                      "recipe": sub.pretrain.recipes[RECIPE].model_dump(mode="json")}
-            with tracking.stage_run(stage, params=logged, experiment=params.tracking.experiment,
-                                    deps=[str(shards / "meta.json")], run_id=resume_run_id(out_dir, chash)) as run:
-                run_id = run.run_id
-                metrics = fit(sub, cell, out_dir, shards, run, callbacks=[probe])
-        diverged = None
-        if metrics["val_loss"] is None or not math.isfinite(metrics["val_loss"]):
-            diverged = NON_FINITE
-        elif probe.start_loss is not None and metrics["train_loss"] >= probe.start_loss:
-            diverged = ABOVE_START
-        result |= {k: metrics[k] for k in ("val_loss", "train_loss", "steps", "tokens", "params", "step_time_s",
-                                           "wall_s")}
+        with track as run:  # result.json inside the run: FINISHED only once it is written (issue 21)
+            metrics = fit(sub, cell, out_dir, shards, run, callbacks=[probe])
+            diverged = None
+            if metrics["val_loss"] is None or not math.isfinite(metrics["val_loss"]):
+                diverged = NON_FINITE
+            elif probe.start_loss is not None and metrics["train_loss"] >= probe.start_loss:
+                diverged = ABOVE_START
+            result |= {k: metrics[k] for k in ("val_loss", "train_loss", "steps", "tokens", "params", "step_time_s",
+                                               "wall_s")}
+            return record(diverged, run.run_id if run else None)
     except FloatingPointError as err:  # NonFiniteGuard: recorded, the sweep goes on (its MLflow run ends FAILED)
-        diverged = NON_FINITE
         result |= {"val_loss": None, "params": probe.n_params or None, "error": str(err).split(";")[0]}
-    result |= {"diverged": diverged, "start_loss": probe.start_loss, "state_bytes": probe.state_bytes,
-               "state_bytes_per_param": probe.state_bytes / probe.n_params if probe.n_params else None,
-               "peak_mem_mb": _peak_memory_mb(device),
-               "curve": probe.curve, "mlflow_run_id": run_id}
-    write_json_atomic(done, result)
-    return result
+        return record(NON_FINITE, run.run_id if run else None)
 
 
 def train_step(model: torch.nn.Module, opts: list[torch.optim.Optimizer], x: torch.Tensor, y: torch.Tensor,
