@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT
+from mutants import assert_caught, mutant
 
 from scalelab.log import Every
 from scalelab.train.callbacks import Progress, Throughput
@@ -82,11 +83,47 @@ def test_mfu_never_exceeds_one_even_with_a_peak_measured_under_load():
     assert tput.mfu(1000 / min(tput.times)) <= 1.0
 
 
-def test_every_fires_once_per_interval():
-    tick = Every(seconds=3600)
-    assert not tick()
-    tick = Every(seconds=0)
-    assert tick() and tick()
+def test_every_fires_once_per_interval(monkeypatch):
+    """On a fake clock ticked each second: the first firing one interval after the start, then once per interval."""
+    import scalelab.log
+
+    now = [100.0]
+    monkeypatch.setattr(scalelab.log.time, "monotonic", lambda: now[0])
+    tick, fired = Every(seconds=10), []
+    for t in range(100, 131):
+        now[0] = float(t)
+        if tick():
+            fired.append(t)
+    assert fired == [110, 120, 130] and tick.elapsed() == 30
+
+
+@mutant("every-never-advances")
+def _(monkeypatch):
+    import scalelab.log
+
+    def call(self):
+        return scalelab.log.time.monotonic() >= self._next  # the deadline never moves: fires on every later call
+
+    monkeypatch.setattr(scalelab.log.Every, "__call__", call)
+
+
+@mutant("every-fires-at-start")
+def _(monkeypatch):
+    import scalelab.log
+
+    init = scalelab.log.Every.__init__
+
+    def start_due(self, seconds=scalelab.log.PROGRESS_S):
+        init(self, seconds)
+        self._next = self.start
+
+    monkeypatch.setattr(scalelab.log.Every, "__init__", start_due)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name", ["every-never-advances", "every-fires-at-start"])
+def test_every_catches_its_mutants(name):
+    assert_caught("tests/test_cells.py::test_every_fires_once_per_interval", name)
 
 
 def test_the_flows_share_of_cores_wins_over_a_stages_own_threads(monkeypatch):
