@@ -231,11 +231,9 @@ def wait_all(futures) -> None:
     `done()`, are waited for as before."""
     for future in futures:
         done = getattr(future.wrapped_future, "done", None)
-        if not callable(done):
-            future.wait()
-            continue
-        while not done():
+        while callable(done) and not done():
             future.wait(timeout=1)
+        future.wait()  # at once when done; it keeps the task's final state, with its result, on the future
 
 
 def recorded_run(outs: list[Path]) -> str | None:
