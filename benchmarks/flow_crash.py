@@ -99,7 +99,8 @@ def flow(ws: Path, env: dict[str, str], targets: list[str], workers: int, tag: s
     """Run `python flows/pipeline.py` in `ws` (every process of it marked with `tag`). `kill`: a delay in seconds, or
     "training" (a random 0-1 s after a pretrain cell's process appears), after which the whole tree is SIGKILLed.
     Returns (exit status, None when killed; wall seconds; its output)."""
-    cmd = [sys.executable, "flows/pipeline.py", "--workers", str(workers), *(a for t in targets for a in ("--target", t))]
+    cmd = [sys.executable, "flows/pipeline.py", "--workers", str(workers)]
+    cmd += [a for t in targets for a in ("--target", t)]
     log = ws / f".flow-{tag}.log"
     start = time.monotonic()
     with open(log, "w") as out:
@@ -175,7 +176,8 @@ def check(ws: Path, env: dict[str, str], targets: list[str], output: str, refere
         children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
         stages = [c.data.tags.get("dvc.stage") for c in children]
         if len(stages) != len(set(stages)) or any(c.info.status != "FINISHED" for c in children):
-            problems.append(f"the rerun's children: {sorted((c.data.tags.get('dvc.stage'), c.info.status) for c in children)}")
+            seen = sorted((c.data.tags.get("dvc.stage"), c.info.status) for c in children)
+            problems.append(f"the rerun's children (stage, status): {seen}")
         if lacking := sorted(s for s in ran if "@" in s and s not in stages):
             problems.append(f"cells the rerun ran without a child run: {lacking}")
     return problems

@@ -21,6 +21,12 @@ and its outs write-locked in .dvc/tmp/rwlock. So cells run concurrently as separ
 --single-item` processes: they queue for the repo lock only for DVC's own bookkeeping, and dvc.lock is only ever
 written under that lock. A stage whose files another running stage holds fails at once with a lock error (it cannot
 happen between independent stages, whose paths do not overlap); the task retries it, not counting it as a failure.
+A failed stage is retried (a crash; training resumes from its checkpoint), except when it exited with one of the
+stage's own codes for bad input (2 params, 3 data, 4 non-finite loss: DETERMINISTIC), which a retry would only repeat.
+
+Stopping: SIGTERM or Ctrl-C stops the running stages, starts nothing more, and ends the warm server and the
+temporary Prefect server with the flow (`main`, `wait_all`). Nothing of the flow holds state a kill -9 could corrupt
+for its rerun (tests/test_crash.py, benchmarks/flow_crash.py).
 
 Placement: at most `--workers` cells run at once, each on its share of the machine (scalelab.placement: cores /
 workers threads; one GPU each on GPU nodes). On CPU nodes stage processes start warm (scalelab.warm: forked from a

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import FAST_TMP
+from mutants import assert_caught, mutant
 from mlflow import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
@@ -358,3 +359,24 @@ def _cmdline(pid: int) -> str:
 
 def _read(path: Path) -> str:
     return path.read_text() if path.is_file() else ""
+
+
+@mutant("flow-retries-deterministic")
+def _(monkeypatch):  # every failure retried, as before issue 21
+    monkeypatch.setattr(flow_mod, "DETERMINISTIC", {})
+
+
+@mutant("flow-dvc-exit-code")
+def _(monkeypatch):  # the task sees DVC's 255, not the stage's code
+    monkeypatch.setattr(flow_mod, "stage_exit", lambda dvc_code, tail: dvc_code)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name", ["flow-retries-deterministic", "flow-dvc-exit-code"])
+def test_the_failed_stage_test_catches(name):
+    assert_caught("tests/test_flow.py::test_a_failed_stage_stops_what_depends_on_it", name)
+
+
+@pytest.mark.mutation
+def test_the_retry_rule_test_catches_retrying_everything():
+    assert_caught("tests/test_flow.py::test_only_crashes_and_locks_are_retried", "flow-retries-deterministic")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mutants import assert_caught, mutant
 
 from scalelab import warm
 
@@ -157,3 +158,20 @@ def _value(tmp_path: Path, sock: Path) -> tuple[str, int]:
     words = out.split()
     assert words[:1] == ["value"], out + err
     return words[1], int(words[3])
+
+
+@mutant("warm-blind-to-edits")
+def _(monkeypatch):
+    """Every content hash the same in the processes this test starts (a sitecustomize on their PYTHONPATH): the
+    server sees no edit, as before issue 21."""
+    import tempfile
+
+    site = Path(tempfile.mkdtemp(prefix="mutant-"))
+    (site / "sitecustomize.py").write_text(
+        "import hashlib\n_md5 = hashlib.md5\nhashlib.blake2b = lambda data=b'', **kw: _md5(b'')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.mark.mutation
+def test_the_edit_test_catches_a_blind_server():
+    assert_caught("tests/test_warm.py::test_a_library_edit_between_two_stages_is_run", "warm-blind-to-edits")

@@ -128,12 +128,11 @@ def handoff() -> None:
 def _child(request: dict, fds: list[int], defaults: dict[str, str]) -> None:
     """In the forked child: become the stage's process and run its script; never returns."""
     import atexit
+    import ctypes
     import io
     import random
     import runpy
     import traceback
-
-    import ctypes
 
     code = 1
     try:
@@ -227,7 +226,8 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
                         for fd in fds:
                             os.close(fd)
                         if request and stale:
-                            _send(conn, {"refused": f"changed since this server imported them: {', '.join(stale)}"})
+                            with contextlib.suppress(OSError):  # the stage's process may be gone already
+                                _send(conn, {"refused": f"changed since this server imported them: {', '.join(stale)}"})
                         conn.close()
                         if stale and not children:
                             _reexec(path, preload, parent, before, listener, stale, served)
