@@ -21,6 +21,12 @@ and its outs write-locked in .dvc/tmp/rwlock. So cells run concurrently as separ
 --single-item` processes: they queue for the repo lock only for DVC's own bookkeeping, and dvc.lock is only ever
 written under that lock. A stage whose files another running stage holds fails at once with a lock error (it cannot
 happen between independent stages, whose paths do not overlap); the task retries it, not counting it as a failure.
+A failed stage is retried (a crash; training resumes from its checkpoint), except when it exited with one of the
+stage's own codes for bad input (2 params, 3 data, 4 non-finite loss: DETERMINISTIC), which a retry would only repeat.
+
+Stopping: SIGTERM or Ctrl-C stops the running stages, starts nothing more, and ends the warm server and the
+temporary Prefect server with the flow (`main`, `wait_all`). Nothing of the flow holds state a kill -9 could corrupt
+for its rerun (tests/test_crash.py, benchmarks/flow_crash.py).
 
 Placement: at most `--workers` cells run at once, each on its share of the machine (scalelab.placement: cores /
 workers threads; one GPU each on GPU nodes). On CPU nodes stage processes start warm (scalelab.warm: forked from a
@@ -37,6 +43,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +78,12 @@ RAN = ("ran", "restored from cache")
 # DVC's messages when another process holds a lock it needs (dvc.rwlock, dvc.lock): retried, not a failure
 LOCK_ERRORS = ("is busy, it is being blocked by", "Unable to acquire lock")
 LOCK_PATIENCE_S = 900
+# A stage's own exit codes for bad input (scalelab.stage): the same params, data or hyperparameters fail the same way
+# again, so a retry only delays the error (issue 21: a data error ran three times over ~19 minutes). Crashes (1, a
+# signal) and lock contention stay retried. DVC reports the command's code as "failed to run: <cmd>, exited with N"
+# (dvc.stage.exceptions.StageCmdFailedError) and itself exits 255: the task reads the stage's code from that line.
+DETERMINISTIC = {2: "params error", 3: "data error", 4: "non-finite loss"}
+STAGE_EXIT = re.compile(r"failed to run: .*, exited with (-?\d+)")
 # An interrupted flow (SIGTERM, Ctrl-C) stops its stages: Prefect cancels only tasks not yet started, and the thread
 # pool runs every queued task before the process can exit, so without this the flow went on submitting cells.
 # The state lives in scalelab.placement: Dask and Ray pickle this module's functions by value, and a lock cannot be.
@@ -84,6 +97,31 @@ def stop_stages() -> None:
         for proc in placement.LIVE:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+
+
+class StageFailed(RuntimeError):
+    """A stage's command failed with `code` (the stage's own exit status, else DVC's)."""
+
+    def __init__(self, stage: str, code: int, tail: list[str]):
+        self.stage, self.code, self.tail = stage, code, tail
+        why = f" ({DETERMINISTIC[code]}: deterministic, not retried)" if code in DETERMINISTIC else ""
+        super().__init__(f"stage {stage} failed (exit {code}{why}):\n" + "\n".join(tail))
+
+    def __reduce__(self):  # to Dask/Ray and back: the default would call __init__ with the message alone
+        return type(self), (self.stage, self.code, self.tail)
+
+
+def stage_exit(dvc_code: int, tail: list[str]) -> int:
+    """The stage command's exit status from DVC's last "failed to run" line; DVC's own when it names none (a DVC
+    error, not the stage's)."""
+    codes = [int(m.group(1)) for line in tail if (m := STAGE_EXIT.search(line))]
+    return codes[-1] if codes else dvc_code
+
+
+def retryable(task, task_run, state: State) -> bool:
+    """Prefect's retry condition: anything but a stage's deterministic failure (DETERMINISTIC)."""
+    exc = state.data if isinstance(state.data, BaseException) else None
+    return not (isinstance(exc, StageFailed) and exc.code in DETERMINISTIC)
 
 
 def retries_for(stage: str) -> int:
@@ -125,7 +163,8 @@ def changed_stages(root: Path) -> set[str] | None:
         return None
 
 
-@task(task_run_name="{stage}", retries=DEFAULT_RETRIES, retry_delay_seconds=5, cache_policy=NO_CACHE)
+@task(task_run_name="{stage}", retries=DEFAULT_RETRIES, retry_delay_seconds=5, retry_condition_fn=retryable,
+      cache_policy=NO_CACHE)
 def run_stage(stage: str, root: str, env: dict[str, str], changed: bool, upstream: dict[str, str]) -> str:
     """One stage cell: "up to date" at once when DVC reported it unchanged and none of its `upstream` stages (their
     statuses) ran in this flow; else `dvc repro --single-item` on a worker's share of the machine. Returns what DVC
@@ -160,7 +199,11 @@ def repro(stage: str, root: Path, extra_env: dict[str, str], logger) -> str:
             logger.info(f"{stage}: DVC lock held by another process; retrying in {delay} s")
             time.sleep(delay)
             continue
-        raise RuntimeError(f"stage {stage} failed (exit {returncode}):\n" + "\n".join(tail))
+        failure = StageFailed(stage, stage_exit(returncode, tail), tail)
+        if failure.code in DETERMINISTIC:
+            logger.error(f"{stage}: exit {failure.code}, a {DETERMINISTIC[failure.code]}: not retried (the same input "
+                         "fails the same way again)")
+        raise failure
 
 
 def _stream(cmd: list[str], root: Path, env: dict[str, str], stage: str, logger) -> tuple[int, str, list[str]]:
@@ -185,6 +228,18 @@ def _stream(cmd: list[str], root: Path, env: dict[str, str], stage: str, logger)
     with placement.LIVE_LOCK:
         placement.LIVE.discard(proc)
     return proc.returncode, outcome, tail
+
+
+def wait_all(futures) -> None:
+    """Wait for every future, waking each second: a signal's Python handler (Ctrl-C's KeyboardInterrupt, SIGTERM's)
+    runs in the main thread, and a wait blocked on a lock there is not interrupted when the kernel delivers the signal
+    to another of the flow's threads (seen: Ctrl-C ignored for minutes while a cell ran). Ray's futures, which have no
+    `done()`, are waited for as before."""
+    for future in futures:
+        done = getattr(future.wrapped_future, "done", None)
+        while callable(done) and not done():
+            future.wait(timeout=1)
+        future.wait()  # at once when done; it keeps the task's final state, with its result, on the future
 
 
 def recorded_run(outs: list[Path]) -> str | None:
@@ -269,8 +324,7 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
                         stage, str(root), env, is_changed, {u: allow_failure(f) for u, f in upstream.items()},
                         wait_for=list(upstream.values()))
             try:
-                for future in futures.values():
-                    future.wait()
+                wait_all(futures.values())
             except BaseException:  # Prefect's TerminationSignal (SIGTERM), KeyboardInterrupt
                 stop_stages()
                 raise
@@ -304,6 +358,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         ap.error("--workers must be at least 1")
+    # SIGTERM ends this process as Ctrl-C does, through Python's exit path: Prefect's flow engine re-raises a SIGTERM
+    # to the handler it found after stopping the flow, and under the default one the process died by the signal,
+    # skipping the atexit hook that stops the temporary Prefect server (found alive 50 minutes later, issue 21). The
+    # warm server and the stages stop on the way out (pipeline's `with` and stop_stages).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     runner = runners.task_runner(args.runner, args.workers, args.address)
     pipeline.with_options(task_runner=runner)(targets=args.targets, downstream=args.downstream,
                                               params_file=args.params_file, workers=args.workers,

@@ -15,23 +15,29 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import FAST_TMP
+from mutants import assert_caught, mutant
 from mlflow import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId, TaskRunFilter, TaskRunFilterFlowRunId,
 )
+from prefect.logging.handlers import APILogHandler
 
 from scalelab import placement
+
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("scalelab_flow", ROOT / "flows" / "pipeline.py")
 flow_mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(flow_mod)
+crash_spec = importlib.util.spec_from_file_location("flow_crash", ROOT / "benchmarks" / "flow_crash.py")
+crash = importlib.util.module_from_spec(crash_spec)  # the flow's process tree: marked(), kill_tree()
+crash_spec.loader.exec_module(crash)
 DVC = [sys.executable, "-m", "dvc"]
 STAGES = ["a", "b", "c@x", "c@y"]
 
-# Each stage logs "<stage> <start> <end> <threads>"; the cells of c take a second (STAGE_SLEEP), so two at once
-# overlap, and log their pid when they start.
+# Each stage logs "<stage> <start> <end> <threads>"; the cells of c log their pid when they start, and with
+# STAGE_BARRIER set each waits until the other has started (they ran at the same time, or the stage fails).
 STAGE = """\
 import os, sys, time
 from pathlib import Path
@@ -42,13 +48,25 @@ start = time.time()
 name, dep, out = sys.argv[1:]
 params = yaml.safe_load(open("params.yaml"))
 if params.get("fail") == os.environ["DVC_STAGE"]:
-    sys.exit("failing on purpose")
+    with open("attempts.log", "a") as f:
+        f.write(os.environ["DVC_STAGE"] + "\\n")
+    print("failing on purpose", file=sys.stderr)
+    sys.exit(int(os.environ.get("STAGE_EXIT", "1")))
 with tracking.stage_run(os.environ["DVC_STAGE"], params=params, deps=[dep] if dep != "-" else []) as run:
     text = (Path(dep).read_text() if dep != "-" else "") + f"{name}={params['value'][name]};"
     if name in ("x", "y"):
         with open("started.log", "a") as f:
             f.write(f"{os.environ['DVC_STAGE']} {os.getpid()}\\n")
-        time.sleep(float(os.environ.get("STAGE_SLEEP", "1")))
+        if barrier := os.environ.get("STAGE_BARRIER"):  # a rendezvous: this cell waits until the other one runs
+            Path(barrier, name).touch()
+            other = Path(barrier, "y" if name == "x" else "x")
+            deadline = time.monotonic() + 120
+            while not other.exists():
+                if time.monotonic() > deadline:  # (a retry would find the other's file: the test looks for this)
+                    Path(barrier, name + ".timeout").touch()
+                    sys.exit(f"{name}: the other cell never started while this one ran")
+                time.sleep(0.05)
+        time.sleep(float(os.environ.get("STAGE_SLEEP", "0")))
     Path(out).write_text(text)
     run.record(Path(out).stem + "_run")
 with open("order.log", "a") as f:
@@ -110,7 +128,10 @@ def project(tmp_path_factory, prefect_harness):
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{fast_dir / 'mlflow.db'}")
         for var in ("SCALELAB_PARENT_RUN_ID", "SCALELAB_PREFECT_FLOW_RUN_ID", "SCALELAB_RUN_ID"):
             mp.delenv(var, raising=False)
+        mp.setenv("STAGE_BARRIER", str(root / ".barrier"))
+        (root / ".barrier").mkdir()
         state = flow_mod.pipeline(return_state=True, workers=2)
+        mp.delenv("STAGE_BARRIER")
         yield root, state.result(), str(state.state_details.flow_run_id)
     shutil.rmtree(fast_dir)
 
@@ -131,6 +152,7 @@ def task_runs(flow_run_id: str) -> dict[str, str]:
 
 
 def flow_logs(flow_run_id: str) -> list[str]:
+    APILogHandler().flush()  # the API log worker sends in batches from its own thread: what is queued, sent first
     with get_client(sync_client=True) as client:
         return [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))]
 
@@ -145,8 +167,9 @@ def test_first_run_builds_everything_cells_at_once(project):
     assert [r["status"] for r in results] == ["ran"] * 4
     spans = {stage: (start, end) for stage, start, end, _ in runs(root)}
     assert spans["a"][1] <= spans["b"][0] and spans["b"][1] <= min(spans["c@x"][0], spans["c@y"][0])
-    (x0, x1), (y0, y1) = spans["c@x"], spans["c@y"]
-    assert x0 < y1 and y0 < x1  # the two cells ran at the same time
+    # the two cells ran at the same time: each went on only once the other had started (the fixture's STAGE_BARRIER);
+    # one at a time, the first would have timed out waiting
+    assert sorted(p.name for p in (root / ".barrier").iterdir()) == ["x", "y"]
     assert (root / "c_x.txt").read_text() == "a=1;b=1;x=1;" and (root / "c_y.txt").exists()
 
 
@@ -240,12 +263,23 @@ def test_a_stage_that_only_met_a_lock_is_retried(project, monkeypatch):
 
 
 def test_a_failed_stage_stops_what_depends_on_it(project, monkeypatch):
+    """b exits 3 (a data error, scalelab.stage.EXIT_DATA): deterministic, so one attempt although the task allows
+    retries; the log and the task's state name the stage's own code, not DVC's 255; what needs b does not run."""
     root, _, _ = project
-    monkeypatch.setattr(flow_mod, "DEFAULT_RETRIES", 0)
+    assert flow_mod.retries_for("b") > 0
+    monkeypatch.setenv("STAGE_EXIT", "3")
     write_params(root, fail="b")
+    (root / "attempts.log").unlink(missing_ok=True)
     state = flow_mod.pipeline(return_state=True, workers=2)
     assert state.is_failed()
+    assert _read(root / "attempts.log").split() == ["b"]  # one attempt
     flow_run_id = str(state.state_details.flow_run_id)
+    logs = flow_logs(flow_run_id)
+    assert any("b: exit 3, a data error: not retried" in m for m in logs), logs
+    with get_client(sync_client=True) as client:
+        (b,) = [r for r in client.read_task_runs(task_run_filter=TaskRunFilter(
+            flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]))) if r.name == "b"]
+    assert "exit 3 (data error: deterministic, not retried)" in b.state.message
     artifact = pipeline_artifact(flow_run_id)
     assert "| `b` | failed |" in artifact.data and "| `c@y` | not run |" in artifact.data
     assert task_runs(flow_run_id) == {"a": "Completed", "b": "Failed", "c@x": "NotReady", "c@y": "NotReady"}
@@ -253,6 +287,22 @@ def test_a_failed_stage_stops_what_depends_on_it(project, monkeypatch):
     exp = client.get_experiment_by_name("scalelab")
     found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
     assert [r.info.status for r in found] == ["FAILED"]  # the flow's parent run; b failed before opening a child
+
+
+def test_only_crashes_and_locks_are_retried():
+    """The retry rule on DVC's real message: the stage's exit code, not DVC's 255, decides."""
+    from prefect.states import Failed
+
+    tail = ["ERROR: failed to reproduce 'b': failed to run: python stage.py b a.txt b.txt, exited with 3"]
+    assert flow_mod.stage_exit(255, tail) == 3 and flow_mod.stage_exit(255, ["ERROR: unexpected error"]) == 255
+    verdict = {code: flow_mod.retryable(None, None, Failed(data=flow_mod.StageFailed("b", code, tail)))
+               for code in (1, 2, 3, 4, 255, -9)}
+    assert verdict == {1: True, 2: False, 3: False, 4: False, 255: True, -9: True}
+    assert flow_mod.retryable(None, None, Failed(data=OSError("crash")))
+    import cloudpickle  # to Dask/Ray workers and back (this module travels by value)
+
+    again = cloudpickle.loads(cloudpickle.dumps(flow_mod.StageFailed("b", 3, tail)))
+    assert again.code == 3 and "not retried" in str(again)
 
 
 def test_shares_divide_cores_and_gpus():
@@ -265,35 +315,68 @@ def test_shares_divide_cores_and_gpus():
     assert [s["CUDA_VISIBLE_DEVICES"] for s in placement.shares(4, cores=4, gpus=["0", "1"])] == ["0", "1", "0", "1"]
 
 
-def test_an_interrupted_flow_stops_its_stages(project, monkeypatch):
-    """SIGTERM to the flow's process while a cell runs: the process ends within seconds, its running stage (DVC and the
-    stage's process) is stopped and nothing queued starts. Before the fix the thread pool went on starting every
-    queued cell before the process could exit (Prefect re-raises SIGTERM only after the task runner shut down)."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupted_flow_stops_its_stages(project, monkeypatch, sig):
+    """SIGTERM (or Ctrl-C's SIGINT) to `python flows/pipeline.py` while a cell runs: the process ends within seconds,
+    its running stage (DVC and the stage's process) is stopped, nothing queued starts, and no process of the flow's
+    tree is left: not its temporary Prefect server (it gets no PREFECT_API_URL, as a user's flow), nor its warm
+    server. Before the fixes the thread pool went on starting queued cells (Prefect re-raises SIGTERM only after the
+    task runner shut down), and the Prefect server outlived the flow (SIGTERM killed it before its exit hook)."""
     root, _, _ = project
-    monkeypatch.setenv("STAGE_SLEEP", "120")
-    write_params(root, x=7, y=7)
+    tag = f"{sig.name}-{os.getpid()}-{time.monotonic_ns()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env |= {"STAGE_SLEEP": "120", crash.TREE_ENV: tag}
+    write_params(root, x=7 + sig, y=7 + sig)
     (root / "started.log").unlink(missing_ok=True)
-    script = f"import importlib.util as u; s = u.spec_from_file_location('f', {str(spec.origin)!r}); " \
-             "m = u.module_from_spec(s); s.loader.exec_module(m); m.pipeline(workers=1)"
-    flow = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # the harness's Prefect API and this MLflow store (env)
+    # SIGINT as in a terminal: a shell's background job (a CI runner's, this harness's) inherits it ignored
+    flow = subprocess.Popen([sys.executable, str(spec.origin), "--workers", "1"], cwd=root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while "c@" not in _read(root / "started.log") and time.monotonic() < deadline:
             assert flow.poll() is None, "the flow ended before any cell started"
             time.sleep(0.2)
-        flow.send_signal(signal.SIGTERM)
+        assert crash.marked(tag), "the flow's processes carry no marker"
+        flow.send_signal(sig)
         flow.wait(timeout=60)  # not the 120 s the cell sleeps, nor both cells one after the other
+        left = crash.wait_gone(tag, timeout=20)  # what the flow started, reparented or in other sessions included
+        assert not left, f"outlived the flow: {[_cmdline(pid) for pid in left]}"
     finally:
         flow.kill()
+        crash.kill_tree(tag)
     (name, pid), = [line.split() for line in _read(root / "started.log").splitlines()]  # the other never started
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not Path(f"/proc/{pid}").exists(), f"the interrupted stage {name} is still running"
     out = root / f"c_{name.split('@')[1]}.txt"
-    assert not out.exists() or "=7;" not in out.read_text()  # it never finished
+    assert not out.exists() or f"={7 + sig};" not in out.read_text()  # it never finished
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return f"{pid}: (gone)"
 
 
 def _read(path: Path) -> str:
     return path.read_text() if path.is_file() else ""
+
+
+@mutant("flow-retries-deterministic")
+def _(monkeypatch):  # every failure retried, as before issue 21
+    monkeypatch.setattr(flow_mod, "DETERMINISTIC", {})
+
+
+@mutant("flow-dvc-exit-code")
+def _(monkeypatch):  # the task sees DVC's 255, not the stage's code
+    monkeypatch.setattr(flow_mod, "stage_exit", lambda dvc_code, tail: dvc_code)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name", ["flow-retries-deterministic", "flow-dvc-exit-code"])
+def test_the_failed_stage_test_catches(name):
+    assert_caught("tests/test_flow.py::test_a_failed_stage_stops_what_depends_on_it", name)
+
+
+@pytest.mark.mutation
+def test_the_retry_rule_test_catches_retrying_everything():
+    assert_caught("tests/test_flow.py::test_only_crashes_and_locks_are_retried", "flow-retries-deterministic")

@@ -12,9 +12,8 @@ import sys
 import pytest
 import yaml
 from conftest import ROOT
+from mutants import assert_caught, mutant
 from mlflow import MlflowClient
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId
 from workspace import workspace_copy
 
 pytestmark = pytest.mark.slow
@@ -23,6 +22,20 @@ flow_mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(flow_mod)
 DVC = [sys.executable, "-m", "dvc"]
 CELLS = ["pretrain@none-a-0", "pretrain@standard-a-0"]
+# A rendezvous put in the workspace copy's stage script: each cell marks that it runs and waits until the other does
+# (both on their workers at once), or gives up and leaves a `.timeout` mark for the test to find.
+BARRIER = """
+import os as _os, time as _time
+if _barrier := _os.environ.get("TEST_BARRIER"):
+    Path(_barrier, _os.environ["DVC_STAGE"]).touch()
+    _deadline = _time.monotonic() + 120
+    while len([p for p in Path(_barrier).iterdir() if p.suffix != ".timeout"]) < 2:
+        if _time.monotonic() > _deadline:
+            Path(_barrier, _os.environ["DVC_STAGE"] + ".timeout").touch()
+            sys.exit("the other cell never ran while this one did")
+        _time.sleep(0.05)
+
+"""
 
 
 def _run(cmd, cwd, env):
@@ -43,6 +56,11 @@ def data_workspace(tmp_path_factory):
 def test_micro_grid_on_each_runner(kind, data_workspace, tmp_path, prefect_harness, monkeypatch):
     ws = tmp_path / "ws"
     shutil.copytree(data_workspace, ws, symlinks=True)
+    script = ws / "stages" / "pretrain.py"
+    main = '\nif __name__ == "__main__":'
+    script.write_text(script.read_text().replace(main, BARRIER + main))
+    (barrier := tmp_path / "barrier").mkdir()
+    monkeypatch.setenv("TEST_BARRIER", str(barrier))  # the cluster's workers start from this environment
     for key, value in {"SCALELAB_ROOT": str(ws), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
                        "PYTHONPATH": str(ws / "src"), "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "")}.items():
         monkeypatch.setenv(key, value)  # restored after the test: the runner exports the API URL to its workers
@@ -64,15 +82,23 @@ def test_micro_grid_on_each_runner(kind, data_workspace, tmp_path, prefect_harne
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(c.data.tags["dvc.stage"] for c in children) == CELLS  # exactly one child per cell
     assert all(c.info.status == "FINISHED" for c in children)
-    flow_run_id = state.state_details.flow_run_id
-    with get_client(sync_client=True) as prefect:
-        in_run = TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]))
-        tasks = prefect.read_task_runs(task_run_filter=in_run)
-    (a0, a1), (b0, b1) = sorted((t.start_time, t.end_time) for t in tasks if t.name in CELLS)
-    assert b0 < a1  # the two cells' tasks ran at the same time, each on its own worker
+    # the two cells ran at the same time, each on its own worker: each went on only once the other ran
+    assert sorted(p.name for p in barrier.iterdir()) == CELLS
 
     assert set(CELLS) <= set(yaml.safe_load((ws / "dvc.lock").read_text())["stages"])
     assert "up to date" in _run(DVC + ["status", *CELLS], ws, os.environ)
     again = flow_mod.pipeline(targets=CELLS, workers=2)  # the default (thread) runner suffices to check the state
     assert {r["status"] for r in again} == {"up to date"}
     assert "Running stage" not in _run(DVC + ["repro", *CELLS], ws, os.environ)
+
+
+@mutant("runner-one-worker")
+def _(monkeypatch):  # a cluster of one worker: the cells run one after the other
+    real = flow_mod.runners.task_runner
+    monkeypatch.setattr(flow_mod.runners, "task_runner", lambda kind, workers=None, address=None:
+                        real(kind, 1, address))
+
+
+@pytest.mark.mutation
+def test_the_grid_test_catches_cells_run_one_at_a_time():
+    assert_caught("tests/test_runners.py::test_micro_grid_on_each_runner[dask]", "runner-one-worker")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mutants import assert_caught, mutant
 
 from scalelab import warm
 
@@ -107,3 +108,70 @@ def test_a_server_refuses_when_other_threads_run(tmp_path):
     if (os.cpu_count() or 1) < 2:
         pytest.skip("OpenBLAS starts no pool on one core")
     assert res.returncode == 1 and "not serving" in res.stderr and not (tmp_path / "s").exists()
+
+
+EDITED = """\
+from scalelab.warm import handoff
+handoff()
+import os
+import stagelib
+print("value", stagelib.VALUE, "child-of", os.getppid(), flush=True)
+"""
+
+
+def test_a_library_edit_between_two_stages_is_run(tmp_path):
+    """The server preloaded the stage's library; an edit to it (same size, so neither size nor a coarse mtime tells)
+    must reach the next stage: DVC hashes the edited file. The server refuses while it holds the old code (the stage
+    runs cold) and, once idle, re-executes itself: the stage after runs warm again, on the new code."""
+    (tmp_path / "stage.py").write_text(EDITED)
+    lib = tmp_path / "stagelib.py"
+    lib.write_text("VALUE = 1\n")
+    sock = tmp_path / "warm.sock"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    server = subprocess.Popen([sys.executable, "-m", "scalelab.warm", "--socket", str(sock), "--preload", "stagelib"],
+                              cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(sock, server)
+        assert _value(tmp_path, sock) == ("1", server.pid)  # served warm
+        lib.write_text("VALUE = 2\n")
+        value, parent = _value(tmp_path, sock)
+        assert value == "2", "the warm server ran the code it imported before the edit"
+        _wait_for(sock, server)  # re-executed (same pid) with the new code
+        assert _value(tmp_path, sock) == ("2", server.pid)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert "stagelib.py changed: restarting" in server.stderr.read()
+
+
+def _wait_for(sock: Path, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while not sock.exists():
+        assert server.poll() is None, server.stderr.read()
+        assert time.monotonic() < deadline, "the warm server did not start"
+        time.sleep(0.1)
+
+
+def _value(tmp_path: Path, sock: Path) -> tuple[str, int]:
+    out, err = stage(tmp_path, sock).communicate("", timeout=120)
+    words = out.split()
+    assert words[:1] == ["value"], out + err
+    return words[1], int(words[3])
+
+
+@mutant("warm-blind-to-edits")
+def _(monkeypatch):
+    """Every content hash the same in the processes this test starts (a sitecustomize on their PYTHONPATH): the
+    server sees no edit, as before issue 21."""
+    import tempfile
+
+    site = Path(tempfile.mkdtemp(prefix="mutant-"))
+    (site / "sitecustomize.py").write_text(
+        "import hashlib\n_md5 = hashlib.md5\nhashlib.blake2b = lambda data=b'', **kw: _md5(b'')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.mark.mutation
+def test_the_edit_test_catches_a_blind_server():
+    assert_caught("tests/test_warm.py::test_a_library_edit_between_two_stages_is_run", "warm-blind-to-edits")

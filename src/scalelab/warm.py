@@ -12,6 +12,12 @@ the child's exit status back, and the stage's process exits with it, forwarding 
 meanwhile. The child owns its process as a fresh one would: Lightning's DDP launcher re-executes the command for the
 other ranks, which run cold (a rank never hands off). If the stage's process dies, the server ends its child.
 
+The server runs exactly the code DVC hashes (issue 21): at start it records a content hash of every file under the
+project root (its working directory) that its imports loaded, and before each fork it hashes them again. When one
+changed (an edit to src/ during a long flow), it refuses: that stage, and any until the server is idle, runs cold
+(importing the new code), and once no child of its runs, the server re-executes itself and imports afresh. A refusal
+costs a cold start (seconds); serving the old code would record results under the new code's hash.
+
 When anything is off (no server, the socket gone, a refused request) the stage runs in its own process as before.
 The server refuses to start with other threads running (a fork copies only the forking one) and is for CPU nodes:
 the flow does not start it where GPUs are visible (CUDA does not survive a fork once initialised).
@@ -20,6 +26,7 @@ the flow does not start it where GPUs are visible (CUDA does not survive a fork 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -49,6 +56,19 @@ def _native_threads() -> set[str]:
 
     me = str(threading.get_native_id())
     return {Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task") if t != me}
+
+
+def _imported_files(root: Path) -> dict[str, bytes]:
+    """Each file under `root` that a loaded module came from -> its content hash: the code a fork would run."""
+    files = {f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
+    return {f: _digest(f) for f in sorted(files) if os.path.isabs(f) and Path(f).is_relative_to(root)}
+
+
+def _digest(path: str) -> bytes:
+    try:
+        return hashlib.blake2b(Path(path).read_bytes(), digest_size=16).digest()
+    except OSError:  # deleted, or unreadable now: changed
+        return b""
 
 
 def _send(sock: socket.socket, obj: object, fds: list[int] = ()) -> None:
@@ -85,6 +105,8 @@ def handoff() -> None:
         sock.close()
         return  # no server (yet, or any more): run in this process
     if not reply or "pid" not in reply:
+        if reply and "refused" in reply:
+            print(f"scalelab.warm: running cold: {reply['refused']}", file=sys.stderr, flush=True)
         sock.close()
         return
     pid = reply["pid"]
@@ -106,6 +128,7 @@ def handoff() -> None:
 def _child(request: dict, fds: list[int], defaults: dict[str, str]) -> None:
     """In the forked child: become the stage's process and run its script; never returns."""
     import atexit
+    import ctypes
     import io
     import random
     import runpy
@@ -114,6 +137,12 @@ def _child(request: dict, fds: list[int], defaults: dict[str, str]) -> None:
     code = 1
     try:
         os.setsid()  # its own process group: the client's signals reach it and what it starts
+        server = os.getppid()
+        # Ends with the server, even when the server is SIGKILLed (its client then sees the stage fail): no stage
+        # outlives a killed flow, to finish and write its outs behind the back of the DVC that gave up on it.
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != server:
+            os._exit(128 + signal.SIGKILL)
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
         for fd in fds:
@@ -169,6 +198,9 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
         except Exception as err:
             print(f"scalelab.warm: not preloaded: {spec} ({type(err).__name__}: {err})", file=sys.stderr)
     defaults = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    root = Path.cwd().resolve()
+    imported = _imported_files(root)
+    stale: list[str] = []  # the imported files changed since: refuse, re-execute once idle
     if threading.active_count() > 1 or (others := _native_threads() - FORK_SAFE_THREADS):
         print(f"scalelab.warm: threads {threading.enumerate()} {sorted(others)} run after the imports; not serving "
               "(set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1 for the server)", file=sys.stderr)
@@ -189,10 +221,16 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
                 if key.data == "accept":
                     conn, _ = listener.accept()
                     request, fds = _recv(conn, maxfds=3)
-                    if not request or len(fds) != 3:
+                    stale = stale or [str(Path(f).relative_to(root)) for f, d in imported.items() if _digest(f) != d]
+                    if not request or len(fds) != 3 or stale:
                         for fd in fds:
                             os.close(fd)
+                        if request and stale:
+                            with contextlib.suppress(OSError):  # the stage's process may be gone already
+                                _send(conn, {"refused": f"changed since this server imported them: {', '.join(stale)}"})
                         conn.close()
+                        if stale and not children:
+                            _reexec(path, preload, parent, before, listener, stale, served)
                         continue
                     pid = os.fork()
                     if pid == 0:  # the child keeps only the stage's streams
@@ -228,6 +266,8 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
                     except OSError:
                         pass
                     conn.close()
+                    if stale and not children:
+                        _reexec(path, preload, parent, before, listener, stale, served)
                 elif key.data[0] == "client":  # the stage's process went away (killed): end its child too
                     pid = key.data[1]
                     if pid in children and not children[pid][0].recv(1, socket.MSG_PEEK):
@@ -248,6 +288,20 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
         except FileNotFoundError:
             pass
     return 0
+
+
+def _reexec(path: str, preload: tuple[str, ...], parent: int | None, env: dict[str, str], listener: socket.socket,
+            stale: list[str], served: int) -> None:
+    """Become a fresh server (same pid, so `parent` and the flow still know it) that imports the code as it is now.
+    Stages that arrive meanwhile find no socket and run cold."""
+    listener.close()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    print(f"scalelab.warm: served {served} stage(s); {', '.join(stale)} changed: restarting to import them afresh",
+          file=sys.stderr, flush=True)
+    argv = [sys.executable, "-m", "scalelab.warm", "--socket", path, *(["--parent", str(parent)] if parent else []),
+            "--preload", *preload]
+    os.execve(sys.executable, argv, env)
 
 
 @contextlib.contextmanager
