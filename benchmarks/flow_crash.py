@@ -115,8 +115,7 @@ def flow(ws: Path, env: dict[str, str], targets: list[str], workers: int, tag: s
                         deadline = time.monotonic() + (rng or random).uniform(0, 1)
                     time.sleep(0.05)
                 killed = proc.poll() is None
-                running = sorted({c.split(b"\0")[1].decode() for c in map(_cmdline, marked(tag))
-                                  if c.count(b"\0") > 1 and c.split(b"\0")[1].startswith(b"stages/")})
+                running = sorted(_doing(tag))
                 kill_tree(tag)
                 proc.wait()
                 if killed:
@@ -124,6 +123,16 @@ def flow(ws: Path, env: dict[str, str], targets: list[str], workers: int, tag: s
         finally:
             kill_tree(tag)
     return proc.returncode, time.monotonic() - start, log.read_text()
+
+
+def _doing(tag: str) -> set[str]:
+    """What the tree is doing: the stages DVC is running (`repro --single-item X`) and the stage scripts running."""
+    doing = set()
+    for argv in (_cmdline(pid).decode(errors="replace").split("\0") for pid in marked(tag)):
+        if "--single-item" in argv:
+            doing.add(f"dvc repro {argv[argv.index('--single-item') + 1]}")
+        doing |= {a for a in argv if a.startswith("stages/")}
+    return doing
 
 
 def _cmdline(pid: int) -> bytes:

@@ -59,3 +59,37 @@ def test_stages_run_through_it_leave_the_lock_dvc_itself_writes(tmp_path):
     status = subprocess.run([sys.executable, "-m", "scalelab.dvcrun", "status"], cwd=tmp_path / "fast", env=env,
                             check=True, capture_output=True, text=True)
     assert "up to date" in status.stdout
+
+
+def test_a_write_cut_short_leaves_the_old_file(tmp_path, monkeypatch):
+    """A kill in the middle of DVC's write of dvc.lock or of its rwlock (simulated: the writer dies after a partial
+    write) leaves the old file whole: DVC's own in-place rewrite left an empty rwlock after a kill -9 of the flow,
+    and every later dvc command failed on it (tests/test_crash.py)."""
+    import json
+
+    import pytest
+    from dvc import rwlock
+    from dvc.fs import localfs
+    from dvc.utils.serialize import _common
+
+    dvcrun.patch()
+
+    def dies(*args, **kwargs):
+        stream = args[1]
+        stream.write('{"sta')
+        stream.flush()
+        raise KeyboardInterrupt  # as SIGINT/SIGKILL would, mid-write
+
+    lock = tmp_path / "dvc.lock"
+    lock.write_text("schema: '2.0'\nstages: {}\n")
+    with pytest.raises(KeyboardInterrupt):
+        _common._dump_data(str(lock), LOCK_DATA, dumper=lambda data, stream: dies(data, stream))
+    assert lock.read_text() == "schema: '2.0'\nstages: {}\n"
+
+    (tmp_path / "rwlock").write_text('{"read": {}, "write": {}}')
+    monkeypatch.setattr(rwlock.json, "dump", dies)
+    with pytest.raises(KeyboardInterrupt), rwlock._edit_rwlock(str(tmp_path), localfs, False) as held:
+        held["write"]["out"] = {"pid": os.getpid(), "cmd": "test"}
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "rwlock").read_text()) == {"read": {}, "write": {}}
+    assert not list(tmp_path.glob("*.tmp"))

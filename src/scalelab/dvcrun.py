@@ -8,22 +8,71 @@ layout for the next dump and is pure Python: with the default DAG's 102 stages (
 2.6 s of each stage's ~4.3 s of lock update, under the repo lock, so cells waited on each other. dvc.lock is written
 only by DVC and holds no comments; the safe loader (ruamel's C parser) reads it in 0.4 s, and DVC's own dumper writes
 the same bytes from the plain data (tests/test_dvcrun.py). dvc.yaml and every other file keep the round-trip loader.
+
+Second, every file DVC writes (dvc.lock, dvc.yaml, its rwlock of running stages) is written under a temporary name and
+renamed over the old one once complete. DVC truncates and rewrites them in place: a whole-flow kill -9 in the middle
+(tests/test_crash.py) left `.dvc/tmp/rwlock` empty, and every later `dvc` command in the workspace failed with
+"Unable to read RWLock-file ... JSON structure is corrupted" until someone deleted it; a truncated dvc.lock would lose
+every stage's record. A rename is atomic: a kill leaves the old file or the new one, and at worst a stray `.tmp`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 LOCKFILE = "dvc.lock"
 
 
+class WholeFiles:
+    """A local filesystem (DVC's, or Python's `open` when None) on which a file opened for writing appears under its
+    name only once it is complete (write to `<name>.<pid>.tmp`, then os.replace)."""
+
+    def __init__(self, fs=None):
+        self._fs = fs
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    @contextlib.contextmanager
+    def open(self, path, mode="r", **kwargs):
+        open_fn = self._fs.open if self._fs is not None else open
+        if "w" not in mode:
+            with open_fn(path, mode, **kwargs) as f:
+                yield f
+            return
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+        try:
+            with open_fn(tmp, mode, **kwargs) as f:
+                yield f
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _local(fs) -> bool:
+    return fs is None or getattr(fs, "protocol", None) in ("local", "file")
+
+
 def patch() -> None:
-    """Route DVC's read-for-update of dvc.lock through its safe parser (idempotent)."""
-    from dvc.utils.serialize import _yaml
+    """Route DVC's read-for-update of dvc.lock through its safe parser, and its writes of dvc.lock, dvc.yaml and the
+    rwlock through WholeFiles (idempotent)."""
+    from dvc import rwlock
+    from dvc.utils.serialize import _common, _yaml
 
     if getattr(_yaml.parse_yaml_for_update, "scalelab", False):
         return
+    dump_data, edit_rwlock = _common._dump_data, rwlock._edit_rwlock
+
+    def whole_dump_data(path, data, dumper, fs=None, **kwargs):
+        return dump_data(path, data, dumper, fs=WholeFiles(fs) if _local(fs) else fs, **kwargs)
+
+    _common._dump_data = whole_dump_data  # modify_yaml's and dump_yaml's writer, looked up at call time
+    if getattr(_yaml, "_dump_data", None) is dump_data:
+        _yaml._dump_data = whole_dump_data
+    rwlock._edit_rwlock = lambda lock_dir, fs, hardlink: edit_rwlock(lock_dir, WholeFiles(fs), hardlink)
     round_trip = _yaml.parse_yaml_for_update
 
     def parse_for_update(text, path):
