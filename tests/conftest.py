@@ -47,7 +47,15 @@ def marked_processes(mark: str = LEAK_MARK) -> dict[int, str]:
                 found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or a zombie: not alive
             continue
-    return {pid: cmd for pid, cmd in found.items() if _alive(pid)}
+    return {pid: cmd for pid, cmd in found.items() if _alive(pid) and not _own_helper(pid)}
+
+
+def _own_helper(pid: int) -> bool:
+    """This interpreter's multiprocessing resource tracker (torch, Ray and forking tests start it): it exits with
+    this process (its pipe closes), so it is no leftover of a test. Only that one pid is spared."""
+    from multiprocessing import resource_tracker
+
+    return pid == getattr(resource_tracker._resource_tracker, "_pid", None)
 
 
 def _alive(pid: int) -> bool:

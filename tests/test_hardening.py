@@ -612,6 +612,28 @@ def test_the_leak_check_test_catches(name):
                   name)
 
 
+def test_the_leak_check_spares_only_this_processs_resource_tracker():
+    """multiprocessing's resource tracker lives as long as the test process (its pipe closes when the process
+    exits): not a leftover. Anything else the process started, a `sleep` say, is."""
+    import subprocess as sp
+    from multiprocessing import resource_tracker
+
+    import conftest
+
+    resource_tracker.ensure_running()
+    tracker = resource_tracker._resource_tracker._pid
+    other = sp.Popen([sys.executable, "-c", "from multiprocessing.resource_tracker import main; import time; "
+                      "time.sleep(60)"])  # looks like a tracker, but is not this interpreter's
+    sleeper = sp.Popen(["sleep", "60"])
+    try:
+        found = conftest.marked_processes()
+        assert tracker not in found and sleeper.pid in found and other.pid in found
+    finally:
+        for p in (other, sleeper):
+            p.kill()
+            p.wait()
+
+
 def test_a_session_that_leaves_a_process_behind_fails(tmp_path):
     """The suite's own conftest in a pytest run whose test leaves a `sleep` behind: the run fails naming its pid and
     command line, and the sleep is killed; one that exits within the grace period is no leftover."""
