@@ -117,6 +117,20 @@ def _number(value: Any) -> float | None:
         return None
 
 
+def _create_sqlite_store(db: Path) -> None:
+    """A new sqlite store, whole or not at all. MLflow builds one by running its migrations (seconds of DDL); a process
+    killed meanwhile left a half-migrated file that no later process could open ("table experiment_tags already
+    exists", found by tests/test_crash.py), so tracking stayed off for the project. Built aside and hard-linked into
+    place: the link fails when another process got there first, and its store wins."""
+    tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
+    try:
+        MlflowClient(f"sqlite:///{tmp}")  # the client runs the migrations on construction
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, db)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _connect(experiment: str) -> tuple[MlflowClient, str]:
     """Probe the store (fails fast) and get or create the experiment; raises on any tracking problem."""
     uri, artifacts = tracking_uri(), None
@@ -128,6 +142,8 @@ def _connect(experiment: str) -> tuple[MlflowClient, str]:
     elif uri.startswith("sqlite:///"):  # artifacts beside the db, not in whatever the cwd is
         db = Path(uri.removeprefix("sqlite:///")).resolve()
         db.parent.mkdir(parents=True, exist_ok=True)
+        if not db.exists():
+            _create_sqlite_store(db)
         artifacts = (db.parent / "mlartifacts").as_uri()
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
