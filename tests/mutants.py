@@ -56,6 +56,18 @@ def run_mutant(test_id: str, name: str, timeout: float = 600) -> subprocess.Comp
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout + 60)
 
 
+def mutation_checks(caught: list[tuple[str, str]]) -> Callable:
+    """A `mutation` test over (mutant, target test id) pairs, one case each: `test_x_is_caught = mutation_checks(...)`."""
+    import pytest
+
+    @pytest.mark.mutation
+    @pytest.mark.parametrize("name,test_id", caught, ids=[f"{n}->{t.split('::')[-1]}" for n, t in caught])
+    def check(name: str, test_id: str) -> None:
+        assert_caught(test_id, name)
+
+    return check
+
+
 def assert_caught(test_id: str, name: str) -> None:
     """The target test passes on the real code (checked by the default run) and fails, not errors, on the mutant."""
     out = run_mutant(test_id, name)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from mutants import assert_caught, mutant
+from mutants import mutant, mutation_checks
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ModelConfig, ModelSource
@@ -414,7 +414,4 @@ CAUGHT = [
 ]
 
 
-@pytest.mark.mutation
-@pytest.mark.parametrize("name,test_id", CAUGHT, ids=[f"{n}->{t.split('::')[1]}" for n, t in CAUGHT])
-def test_a_broken_hidden_decoding_is_caught(name, test_id):
-    assert_caught(test_id, name)
+test_a_broken_hidden_decoding_is_caught = mutation_checks(CAUGHT)

@@ -9,7 +9,7 @@ import pytest
 import pytorch_optimizer as po
 import torch
 import torch.optim._muon as torch_muon
-from mutants import assert_caught, mutant
+from mutants import mutant, mutation_checks
 from pytorch_optimizer.optimizer.utils.galore import GaLoreProjector
 from test_train import FailAt, make_shards
 
@@ -419,7 +419,4 @@ CAUGHT = [
 ]
 
 
-@pytest.mark.mutation
-@pytest.mark.parametrize("name,test_id", CAUGHT, ids=[f"{n}->{t.split('::')[1]}" for n, t in CAUGHT])
-def test_a_broken_family_is_caught(name, test_id):
-    assert_caught(test_id, name)
+test_a_broken_family_is_caught = mutation_checks(CAUGHT)
