@@ -175,3 +175,39 @@ def _(monkeypatch):
 @pytest.mark.mutation
 def test_the_edit_test_catches_a_blind_server():
     assert_caught("tests/test_warm.py::test_a_library_edit_between_two_stages_is_run", "warm-blind-to-edits")
+
+
+def test_only_the_projects_own_files_are_hashed(tmp_path, monkeypatch):
+    """A venv inside the project (make's .venv) holds installed packages, not the project's code: the server hashes
+    the project's modules, never a site-packages file (thousands of torch files before each fork)."""
+    from scalelab import warm
+
+    site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
+    (tmp_path / "src").mkdir()
+    site.mkdir(parents=True)
+    (tmp_path / "src" / "projmod_w.py").write_text("X = 1\n")
+    (site / "installed_w.py").write_text("Y = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    monkeypatch.syspath_prepend(str(site))
+    import installed_w  # noqa: F401
+    import projmod_w  # noqa: F401
+
+    try:
+        files = warm._imported_files(tmp_path.resolve())
+    finally:
+        for name in ("installed_w", "projmod_w"):
+            sys.modules.pop(name, None)
+    assert str((tmp_path / "src" / "projmod_w.py").resolve()) in {str(Path(f).resolve()) for f in files}
+    assert not any("site-packages" in f for f in files), files
+
+
+@mutant("warm-hashes-installed-packages")
+def _(monkeypatch):  # the first version: every imported file under the root, a venv's included
+    from scalelab import warm
+
+    monkeypatch.setattr(warm, "_project_file", lambda path, root: path.is_relative_to(root))
+
+
+@pytest.mark.mutation
+def test_the_project_files_test_catches_hashing_installed_packages():
+    assert_caught("tests/test_warm.py::test_only_the_projects_own_files_are_hashed", "warm-hashes-installed-packages")

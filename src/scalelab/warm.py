@@ -59,9 +59,18 @@ def _native_threads() -> set[str]:
 
 
 def _imported_files(root: Path) -> dict[str, bytes]:
-    """Each file under `root` that a loaded module came from -> its content hash: the code a fork would run."""
+    """Each project file under `root` that a loaded module came from -> its content hash: the code a fork would run.
+    Installed packages are not the project's code (DVC hashes none of them), also where the venv sits under `root`
+    (make's .venv): hashing every torch file before each fork cost seconds, and a file a package rewrote at run time
+    restarted the server mid-test (CI run 5)."""
     files = {f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
-    return {f: _digest(f) for f in sorted(files) if os.path.isabs(f) and Path(f).is_relative_to(root)}
+    return {f: _digest(f) for f in sorted(files) if os.path.isabs(f) and _project_file(Path(f), root)}
+
+
+def _project_file(path: Path, root: Path) -> bool:
+    if not path.is_relative_to(root) or {"site-packages", "dist-packages"} & set(path.parts):
+        return False
+    return sys.prefix == sys.base_prefix or not path.is_relative_to(sys.prefix)  # a venv's own files are installed
 
 
 def _digest(path: str) -> bytes:
