@@ -510,7 +510,7 @@ def test_an_interrupted_cell_resumes_to_the_uninterrupted_result(tmp_path, monke
 
 # ------------------------------------------------------------------ the summary's comparisons and claims
 def test_summary_pairs_cells_by_role_and_seed(tmp_path):
-    from scalelab.evaluate import hidden_decoding as hdr
+    from scalelab.analysis import hidden_decoding as hdr
 
     cfg = HiddenDecodingConfig(
         cells={"n1": {}, "n2": {"n_streams": 2}, "n4": {"n_streams": 4},
@@ -544,7 +544,7 @@ def test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise():
     """SFA keeping half of full's gain is contradicted (the claim asks 80%); without a reproduced full-attention
     gain, or without a reproduced gain at the smaller n, those claims are inconclusive and say why, whatever their
     own interval shows."""
-    from scalelab.evaluate import hidden_decoding as hdr
+    from scalelab.analysis import hidden_decoding as hdr
 
     seeds = lambda x, j=(-0.002, 0.0, 0.003): [x + d for d in j]
     cmp = {"gain_tokens": {2: seeds(0.08), 4: seeds(0.05, (0.001, -0.003, 0.002))}, "gain_flops": {}, "gain_full": {4: seeds(0.10)},
@@ -566,7 +566,7 @@ def test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise():
 
 
 def ledger_fields():
-    from scalelab.evaluate.claims import FIELDS
+    from scalelab.analysis.claims import FIELDS
 
     return FIELDS
 

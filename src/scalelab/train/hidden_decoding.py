@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 
 import lightning as L
 
-from scalelab import placement
-from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ScaleConfig
 from scalelab.compress.data import from_text
+from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ScaleConfig
 from scalelab.data import DataError, atomic_dir, check_windows, open_shards, write_json_atomic
 from scalelab.data.loader import Shards
 from scalelab.model.hf import load_hf_tokenizer
 from scalelab.model.hidden_decoding import HiddenDecodingLM, flops_per_token
 from scalelab.model.hidden_decoding_io import from_source, save_hidden_decoding
+from scalelab.pipeline import placement
 from scalelab.train.callbacks import MetricsFile, NonFiniteGuard, Progress, StepCheckpoint, Throughput, Validation
 from scalelab.train.datamodule import TokenDataModule
 from scalelab.train.fit import PRECISION_DTYPE, _code_digest, _device, _peak_mem_mb, peak_flops

@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 
 from scalelab.config import HiddenDecodingConfig
-from scalelab.evaluate import claims as ledger
+from scalelab.analysis import claims as ledger
 
 PUBLISHED = ("Sequential Hidden Decoding (Qwen3-8B, n = 2/4/8): BBH 78.8 → 81.3/83.0/83.9, "
              "HellaSwag 79.7 → 83.1/85.0/85.3")
@@ -88,7 +88,7 @@ def _gated(entry: dict, premise: dict, why: str) -> dict:
 
 
 def claims(cmp: dict[str, dict[int, list[float]]], sfa_fraction: float, level: float = 0.95) -> list[dict]:
-    """Ledger entries (scalelab.evaluate.claims): n beats n=1, and gains grow with n (where the smaller n's gain is
+    """Ledger entries (scalelab.analysis.claims): n beats n=1, and gains grow with n (where the smaller n's gain is
     reproduced), at equal tokens and at equal FLOPs; full attention beats n=1; SFA keeps `sfa_fraction` of full
     attention's gain (where full's gain is reproduced); separate tables beat tied ones."""
     out = []
