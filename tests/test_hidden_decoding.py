@@ -387,8 +387,8 @@ def test_a_local_llama_continues_training(tmp_path):
     _write_shards(tmp_path / "tokens")
     cfg = HiddenDecodingConfig(
         source={"path": str(tmp_path / "llama")}, source_dep=str(tmp_path / "llama"), mixing_layers=[1],
-        corpus="shards", embed_noise=0.0, cells={"n2": {"n_streams": 2}}, grid=["n2"],
-        train={"seq_len": 16, "batch_size": 8, "max_steps": 30, "val_every": 15, "ckpt_every": 15,
+        embed_noise=0.0, cells={"n2": {"n_streams": 2}}, grid=["n2"],
+        train={"corpus": "shards", "seq_len": 16, "batch_size": 8, "max_steps": 30, "val_every": 15, "ckpt_every": 15,
                "val_tokens": 512, "optimizer": {"lr": 3e-3}},
     )
     metrics = fit_cell(cfg, "n2", 0, tmp_path / "out", tmp_path / "tokens")
@@ -463,9 +463,9 @@ def test_tables_start_as_exact_copies_of_the_backbones_embedding():
 
 def _resume_cfg(folder):
     return HiddenDecodingConfig(
-        source={"path": str(folder)}, source_dep=str(folder), mixing_layers=[1], embed_noise=0.1, corpus="shards",
+        source={"path": str(folder)}, source_dep=str(folder), mixing_layers=[1], embed_noise=0.1,
         cells={"n2": {"n_streams": 2}}, grid=["n2"],
-        train={"seq_len": 16, "batch_size": 4, "max_steps": 8, "val_every": 4, "ckpt_every": 4,
+        train={"corpus": "shards", "seq_len": 16, "batch_size": 4, "max_steps": 8, "val_every": 4, "ckpt_every": 4,
                "val_tokens": 256, "optimizer": {"lr": 3e-3}})
 
 
@@ -547,7 +547,8 @@ def test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise():
     from scalelab.analysis import hidden_decoding as hdr
 
     seeds = lambda x, j=(-0.002, 0.0, 0.003): [x + d for d in j]
-    cmp = {"gain_tokens": {2: seeds(0.08), 4: seeds(0.05, (0.001, -0.003, 0.002))}, "gain_flops": {}, "gain_full": {4: seeds(0.10)},
+    cmp = {"gain_tokens": {2: seeds(0.08), 4: seeds(0.05, (0.001, -0.003, 0.002))}, "gain_flops": {},
+           "gain_full": {4: seeds(0.10)},
            "sfa_minus_full": {}, "tables": {}}
     v = {c["id"]: c for c in hdr.claims(cmp, sfa_fraction=0.8)}
     assert v["C.sfa.n4"]["verdict"] == "contradicted"  # 0.05 − 0.8 · 0.10 < 0

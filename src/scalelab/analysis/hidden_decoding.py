@@ -112,7 +112,8 @@ def claims(cmp: dict[str, dict[int, list[float]]], sfa_fraction: float, level: f
             continue
         kept = [g_sfa - sfa_fraction * g_full for g_sfa, g_full in zip(cmp["gain_tokens"][n], gains)]
         out.append(_gated(ledger.claim(f"C.sfa.n{n}",
-                                       f"SFA keeps ≥ {sfa_fraction:.0%} of full attention's gain over n = 1 at n = {n}",
+                                       f"SFA keeps ≥ {sfa_fraction:.0%} of full attention's gain over n = 1 "
+                                       f"at n = {n}",
                                        f"gain(SFA) − {sfa_fraction}·gain(full)", kept, PUBLISHED_SFA, level),
                           full, f"full attention's gain at n = {n}"))
     for n, diffs in sorted(cmp["tables"].items()):

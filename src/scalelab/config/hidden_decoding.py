@@ -91,7 +91,14 @@ class CellConfig(StreamsConfig):
 
 class HDTrainConfig(Strict):
     """The continued-pretraining run of every cell (same data, same base token budget). Field names follow
-    `pretrain`'s, so the training layer's data module reads either."""
+    `pretrain`'s, so the training layer's data module reads either.
+
+    `corpus`: the token streams cells train on. "shards": the pipeline's token shards (their vocabulary must be the
+    backbone's); "text": the prepared corpus encoded with the backbone's own tokenizer, `text_tokens` tokens of each
+    split (scalelab.compress.data.from_text); "auto": shards for a pretrain cell, text for any other model."""
+
+    corpus: Literal["auto", "shards", "text"] = "auto"
+    text_tokens: PosInt = 1_000_000
 
     seq_len: PosInt = 64  # tokens per window (each becomes n_streams positions)
     batch_size: PosInt = 8
@@ -133,15 +140,9 @@ class HDClaimsConfig(Strict):
 
 
 class HiddenDecodingConfig(Strict):
-    """`corpus`: the token streams cells train on. "shards": the pipeline's token shards (their vocabulary must be
-    the backbone's); "text": the prepared corpus encoded with the backbone's own tokenizer, `text_tokens` tokens of
-    each split (scalelab.compress.data.from_text); "auto": shards for a pretrain cell, text for any other model."""
-
     source: ModelSource = ModelSource(cell="standard-m-base-0")
     # dvc.yaml cannot branch on cell/path, so the folder DVC tracks is spelled out; must be source's own folder.
     source_dep: str = "data/pretrain/standard-m-base-0/model/hf"
-    corpus: Literal["auto", "shards", "text"] = "auto"
-    text_tokens: PosInt = 1_000_000
     positions: Literal["shared", "interleaved", "per_layer"] = "per_layer"
     mixing_layers: list[NonNegInt] | None = None
     embed_noise: NonNegFloat = 0.1
@@ -173,7 +174,7 @@ class HiddenDecodingConfig(Strict):
 
     def uses_text(self) -> bool:
         """Whether cells train on the prepared corpus in the backbone's own tokens (see `corpus`)."""
-        return self.corpus == "text" or (self.corpus == "auto" and self.source.cell is None)
+        return self.train.corpus == "text" or (self.train.corpus == "auto" and self.source.cell is None)
 
     def model(self, cell: str) -> HiddenDecodingModelConfig:
         """The n-stream model of one cell."""

@@ -2,7 +2,7 @@
 Stream-Factorized Attention (SFA).
 
     token i  → n positions (i,1)..(i,n); position (i,s) is token i embedded by table E_s (E_1 is the backbone's own)
-    within-stream layer:  stream-major [B·n, T, d], causal SDPA      (i,s) attends (j,s) for j ≤ i    cost linear in n
+    within-stream layer:  stream-major [B·n, T, d], causal SDPA      (i,s) attends (j,s), j ≤ i (cost linear in n)
     mixing layer:         token-major  [B, n·T, d], causal SDPA      (i,s) attends (j,s') for j < i, and (i,s') for
                           s' ≤ s: in token-major order (entry n·i + s) that rule is exactly "every earlier entry", so
                           the layer is plain causal attention over n·T entries (no mask tensor, GQA kept by SDPA,

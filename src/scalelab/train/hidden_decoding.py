@@ -8,8 +8,9 @@ training FLOPs equal those of another stream configuration on the base budget (c
 scalelab.model.hidden_decoding.flops_per_token).
 
 The token streams are the pipeline's shards for a pretrain cell, and for any other backbone the prepared corpus
-encoded with the backbone's own tokenizer (hidden_decoding.corpus; the compress stage's scalelab.compress.data), so
-a user's Hugging Face model continues on the project's documents without retokenizing the project.
+encoded with the backbone's own tokenizer (hidden_decoding.train.corpus; the compress stage's
+scalelab.compress.data), so a user's Hugging Face model continues on the project's documents without retokenizing
+the project.
 """
 
 from __future__ import annotations
@@ -92,11 +93,11 @@ def load_corpus(hd: HiddenDecodingConfig, shards_dir: str | Path, prepared_dir: 
         sums = {k: v["sha256"] for k, v in shards.meta["shards"].items()}
         return Corpus(shards, hashlib.sha256(json.dumps(sums, sort_keys=True).encode()).hexdigest())
     if tokenizer is None:
-        raise DataError(f"hidden_decoding.corpus: {hd.source.location()!r} has no tokenizer to encode the prepared "
-                        "corpus with (save one beside the weights, or set corpus: shards)")
+        raise DataError(f"hidden_decoding.train.corpus: {hd.source.location()!r} has no tokenizer to encode the "
+                        "prepared corpus with (save one beside the weights, or set train.corpus: shards)")
     if not (Path(prepared_dir) / "train.parquet").is_file():
         raise DataError(f"no {Path(prepared_dir) / 'train.parquet'} (run the prepare stage first)")
-    s = from_text(prepared_dir, tokenizer, hd.text_tokens)
+    s = from_text(prepared_dir, tokenizer, hd.train.text_tokens)
     digest = hashlib.sha256(s.train.tobytes() + b"|" + s.val.tobytes()).hexdigest()
     return Corpus(Shards(train=s.train, val=s.val, vocab_size=s.vocab_size, eot_id=tokenizer.eos_token_id,
                          meta={"source": "text", "tokens": [len(s.train), len(s.val)]}), digest)
