@@ -3,6 +3,7 @@ from configs (no download)."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -425,7 +426,6 @@ def test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus(tmp
         source={"path": str(folder)}, source_dep=str(folder), cells={"n2": {"n_streams": 2}}, grid=["n2"],
         train={"seq_len": 16, "batch_size": 8, "max_steps": 20, "val_every": 10, "ckpt_every": 10,
                "val_tokens": 256, "optimizer": {"lr": 1e-2}})
-    assert cfg.uses_text()
     corpus = hdt.load_corpus(cfg, tmp_path / "no-shards", prepared, hdt.backbone_tokenizer(cfg))
     assert corpus.shards.vocab_size == 40 and int(corpus.shards.train.max()) < 40
     assert corpus.shards.train[30] == 0  # documents joined by the tokenizer's own EOS
@@ -613,12 +613,78 @@ def _(monkeypatch):
     monkeypatch.setattr(hdt, "source_digest", lambda location: location)
 
 
+@mutant("hd-symmetry-check-removed")  # interchangeable or unread hidden streams accepted
+def _(monkeypatch):
+    from scalelab.config.hidden_decoding import default_mixing
+
+    def mixing(self, n_layer):
+        if self.attention == "full":
+            return list(range(n_layer))
+        return sorted(set(self.mixing_layers if self.mixing_layers is not None else default_mixing(n_layer)))
+
+    monkeypatch.setattr(HiddenDecodingModelConfig, "mixing", mixing)
+
+
+@mutant("hd-dense-mixing-restored")  # the earlier stream-major (nT)² mask implementation in the model
+def _(monkeypatch):
+    real = HiddenDecodingLM.run_layers
+    monkeypatch.setattr(HiddenDecodingLM, "run_layers", lambda self, h, cache=None, hidden_out=None:
+                        dense_run_layers(self, h) if cache is None else real(self, h, cache, hidden_out))
+
+
+@mutant("hd-per-layer-as-shared")  # per_layer positions silently the shared scheme
+def _(monkeypatch):
+    from scalelab.config import hidden_decoding as cfg
+
+    monkeypatch.setitem(cfg.POSITIONS, "per_layer", ("token", "token"))
+
+
+@mutant("hd-cache-not-preallocated")  # max_tokens ignored: buffers regrown (copied) as decoding goes
+def _(monkeypatch):
+    real = StreamCache.__init__
+    monkeypatch.setattr(StreamCache, "__init__", lambda self, max_tokens=None: real(self, None))
+
+
+@mutant("hd-folder-loads-as-backbone")  # the backbone's config.json left in the HD folder
+def _(monkeypatch):
+    from scalelab.model import hidden_decoding_io as io
+
+    real = io.save_hidden_decoding
+
+    def save(model, out_dir, tokenizer=None):
+        real(model, out_dir, tokenizer)
+        meta = json.loads((Path(out_dir) / io.CONFIG_NAME).read_text())
+        (Path(out_dir) / "config.json").write_text(json.dumps(meta["backbone"]))
+
+    monkeypatch.setattr(io, "save_hidden_decoding", save)
+    monkeypatch.setitem(globals(), "save_hidden_decoding", save)
+
+
+@mutant("hd-own-tokenizer-ignored")  # a path source trains on the project's shards, as before
+def _(monkeypatch):
+    monkeypatch.setattr(HiddenDecodingConfig, "uses_text", lambda self: False)
+
+
+@mutant("hd-claims-ungated")  # SFA and growth claims decided whatever their premise
+def _(monkeypatch):
+    from scalelab.analysis import hidden_decoding as hdr
+
+    monkeypatch.setattr(hdr, "_gated", lambda entry, premise, why: entry)
+
+
 T = "tests/test_hidden_decoding.py::"
 CAUGHT = [
     ("hd-tables-frozen", f"{T}test_a_local_llama_continues_training"),
     ("hd-tables-not-copied", f"{T}test_tables_start_as_exact_copies_of_the_backbones_embedding"),
     ("hd-resume-ignored", f"{T}test_an_interrupted_cell_resumes_to_the_uninterrupted_result"),
     ("hd-hash-ignores-backbone", f"{T}test_an_interrupted_cell_resumes_to_the_uninterrupted_result"),
+    ("hd-symmetry-check-removed", f"{T}test_settings_with_interchangeable_or_unread_streams_are_refused"),
+    ("hd-dense-mixing-restored", f"{T}test_maskless_mixing_equals_the_dense_oracle"),
+    ("hd-per-layer-as-shared", f"{T}test_rope_positions_per_layer_kind"),
+    ("hd-cache-not-preallocated", f"{T}test_decoding_writes_into_a_preallocated_cache"),
+    ("hd-folder-loads-as-backbone", f"{T}test_save_reload_and_hugging_face_round_trip"),
+    ("hd-own-tokenizer-ignored", f"{T}test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus"),
+    ("hd-claims-ungated", f"{T}test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise"),
 ]
 
 
