@@ -41,6 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()  # the code run
     params = parse_params(yaml.safe_load(Path("params.yaml").read_text()))
     prepared = args.work / "prepared"
     if not (prepared / "train.parquet").is_file():
@@ -65,7 +66,6 @@ def main() -> None:
     summary = {"cells": hdr.table(cells, hd), "gain_vs_n": hdr.gain_rows(cmp),
                "paired": {k: {str(n): d for n, d in v.items()} for k, v in cmp.items()}}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     run = {"command": f"PYTHONPATH=src nice -n 15 python results/hidden-decoding/run_cpt.py --source {args.source} "
                       f"--out {args.out} --steps {args.steps} --lr {args.lr} "
                       f"--seeds {' '.join(map(str, args.seeds))}",

@@ -82,6 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()  # the code run
     shards, metrics_dir = args.work / "tokens", args.out / "metrics"
     metrics_dir.mkdir(parents=True, exist_ok=True)
     write_task(shards, 400_000, seed=0)
@@ -114,7 +115,6 @@ def main() -> None:
     summary = {"floor": FLOOR, "backbone_val_loss": pre_metrics["val_loss"], "cells": hdr.table(cells, hd),
                "gain_vs_n": hdr.gain_rows(cmp), "paired": {k: {str(n): d for n, d in v.items()} for k, v in cmp.items()}}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     run = {"command": "PYTHONPATH=src nice -n 15 python results/hidden-decoding/run_probe.py "
                       f"--out {args.out} --pre-steps {args.pre_steps} --steps {args.steps} "
                       f"--seeds {' '.join(map(str, args.seeds))}",
