@@ -79,7 +79,9 @@ def main() -> None:
     ap.add_argument("--pre-steps", type=int, default=1500)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     args = ap.parse_args()
+    cells_run = {c: CELLS[c] for c in args.cells}
     torch.set_num_threads(1)
     start = time.perf_counter()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()  # the code run
@@ -100,9 +102,9 @@ def main() -> None:
     print(f"backbone: val loss {pre_metrics['val_loss']:.4f} (floor {FLOOR:.4f})", flush=True)
 
     # (2) every cell × seed continues that backbone
-    hd = config(backbone, CELLS, args.steps, 1e-3, args.seeds)
+    hd = config(backbone, cells_run, args.steps, 1e-3, args.seeds)
     for seed in args.seeds:
-        for cell in CELLS:
+        for cell in cells_run:
             m = fit_cell(hd, cell, seed, args.work / "cells" / f"{cell}-{seed}", shards)
             m = {k: v for k, v in m.items() if k != "peak_mem_mb"}
             (metrics_dir / f"{cell}-{seed}.json").write_text(json.dumps({"cell": cell, "seed": seed, **m}, indent=1))
@@ -117,7 +119,7 @@ def main() -> None:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     run = {"command": "PYTHONPATH=src nice -n 15 python results/hidden-decoding/run_probe.py "
                       f"--out {args.out} --pre-steps {args.pre_steps} --steps {args.steps} "
-                      f"--seeds {' '.join(map(str, args.seeds))}",
+                      f"--seeds {' '.join(map(str, args.seeds))} --cells {' '.join(args.cells)}",
            "commit": commit, "wall_s": round(time.perf_counter() - start, 1), "threads": 1,
            "host": f"{platform.machine()}, shared 2-core machine (other jobs running)",
            "params": hd.model_dump(mode="json"), "backbone_pretrain": pre.train.model_dump(mode="json")}
