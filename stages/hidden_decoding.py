@@ -23,10 +23,8 @@ def train(params: Params, args: argparse.Namespace) -> None:
         raise ParamsError(f"--cell {args.cell!r}: not in hidden_decoding.cells ({sorted(hd.cells)})")
     model_cfg = hd.model(args.cell)
 
-    from scalelab import tracking
     from scalelab.data import DataError, write_json_atomic
     from scalelab.model.hf import ModelLoadError, load_hf_config
-    from scalelab.train.hidden_decoding import backbone_tokenizer, cell_steps, fit_cell, load_corpus, resume_run_id
 
     name, shards = f"{args.cell}-{args.seed}", Path("data/tokens")
     out_dir = Path("data/hidden_decoding") / name
@@ -38,6 +36,10 @@ def train(params: Params, args: argparse.Namespace) -> None:
         model_cfg.mixing(backbone_config.num_hidden_layers)
     except ValueError as err:
         raise ParamsError(f"cell {args.cell}: {err}") from None
+
+    from scalelab import tracking
+    from scalelab.train.hidden_decoding import backbone_tokenizer, cell_steps, fit_cell, load_corpus, resume_run_id
+
     steps = cell_steps(hd, args.cell, backbone_config)
     corpus = load_corpus(hd, shards, Path("data/prepared"), backbone_tokenizer(hd))
     logged = {"cell": {"name": args.cell, "seed": args.seed, "steps": steps},

@@ -20,6 +20,7 @@ from scalelab.model.hidden_decoding_dense import dense_run_layers, mixing_mask
 from scalelab.model.hidden_decoding_io import from_source, load_hidden_decoding, save_hidden_decoding
 
 V = 64
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def llama(layers=4, tie=False, seed=0):
@@ -413,15 +414,7 @@ def test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus(tmp
 
     from scalelab.train import hidden_decoding as hdt
 
-    words = ["<eos>", "<unk>"] + [f"w{i}" for i in range(38)]  # 40 tokens; the tiny llama's table has V = 64 rows
-    folder = tmp_path / "llama"
-    llama(layers=2).save_pretrained(folder)
-    _word_tokenizer(words).save_pretrained(folder)
-    prepared, rng = tmp_path / "prepared", np.random.default_rng(0)
-    prepared.mkdir()
-    for split, n in (("train", 80), ("val", 20)):  # a learnable order: w_k is followed by w_{k+1}
-        docs = [" ".join(f"w{(k + j) % 38}" for j in range(30)) for k in rng.integers(0, 38, n)]
-        pl.DataFrame({"text": docs}).write_parquet(prepared / f"{split}.parquet")
+    folder, prepared = _own_vocab_llama(tmp_path / "llama"), _prepared(tmp_path / "prepared")
     cfg = HiddenDecodingConfig(
         source={"path": str(folder)}, source_dep=str(folder), cells={"n2": {"n_streams": 2}}, grid=["n2"],
         train={"seq_len": 16, "batch_size": 8, "max_steps": 20, "val_every": 10, "ckpt_every": 10,
@@ -437,6 +430,58 @@ def test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus(tmp
     pl.DataFrame({"text": ["w1 w2 w3"] * 20}).write_parquet(prepared / "val.parquet")
     other = hdt.load_corpus(cfg, tmp_path / "no-shards", prepared, hdt.backbone_tokenizer(cfg))
     assert hdt.config_hash(cfg, "n2", 0, 20, other) != hdt.config_hash(cfg, "n2", 0, 20, corpus)
+
+
+def _own_vocab_llama(folder):
+    """A tiny local Llama with a 40-word tokenizer of its own (its table has V = 64 rows)."""
+    llama(layers=2).save_pretrained(folder)
+    _word_tokenizer(["<eos>", "<unk>"] + [f"w{i}" for i in range(38)]).save_pretrained(folder)
+    return folder
+
+
+def _prepared(folder):
+    """data/prepared in the prepare stage's format, in a learnable order: w_k is followed by w_{k+1}."""
+    import polars as pl
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 80), ("val", 20)):
+        docs = [" ".join(f"w{(k + j) % 38}" for j in range(30)) for k in rng.integers(0, 38, n)]
+        pl.DataFrame({"text": docs}).write_parquet(folder / f"{split}.parquet")
+    return folder
+
+
+def _stage_project(root):
+    """A project whose only data is data/prepared and a local Llama of its own vocabulary (no token shards)."""
+    import yaml
+
+    _own_vocab_llama(root / "models/llama")
+    _prepared(root / "data/prepared")
+    params = yaml.safe_load((ROOT / "tests/micro_params.yaml").read_text())
+    params["hidden_decoding"].update(
+        source={"path": "models/llama"}, source_dep="models/llama", grid=["n2", "n4"],
+        cells={"n2": {"n_streams": 2}, "n4": {"n_streams": 4}})
+    return params
+
+
+def test_stage_refuses_interchangeable_streams_before_any_compute(tmp_path, monkeypatch):
+    """The old settings (n = 4, only the last layer mixing, no noise, shared positions) stop the stage with one
+    line naming the cell, before the corpus is encoded or anything is written."""
+    import argparse
+    import importlib.util
+
+    from scalelab.config import ParamsError, parse_params
+
+    params = _stage_project(tmp_path)
+    params["hidden_decoding"].update(mixing_layers=[1], embed_noise=0.0, positions="shared")
+    spec = importlib.util.spec_from_file_location("hd_stage", ROOT / "stages/hidden_decoding.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ParamsError, match=r"^cell n4: .*interchangeable[^\n]*$"):
+        stage.train(parse_params(params), argparse.Namespace(cell="n4", seed=0))
+    assert not (tmp_path / "data/hidden_decoding").exists() and not (tmp_path / "metrics").exists()
+    parse_params(params).hidden_decoding.model("n2").mixing(2)  # n = 2 passes: one hidden stream, nothing to swap
 
 
 def _word_tokenizer(words):
