@@ -1,12 +1,13 @@
 """Hidden Decoding study, part (a): a compute-bound synthetic probe (METHODS §C), run with the pipeline's own code.
 
-Task (known optimum): blocks of k = 5 uniform digits 0..6, a separator, then their sum mod 7:
-    d1 d2 d3 d4 d5 = s      s = (d1 + ... + d5) mod 7
+Task (known optimum): blocks of K (--digits, default 5) uniform digits 0..6, a separator, then their sum mod 7:
+    d1 ... dK = s      s = (d1 + ... + dK) mod 7
 Digits are unpredictable (ln 7 each), the separator and the sum are determined, so the lowest reachable mean
-next-token loss is FLOOR = 5·ln 7 / 7 ≈ 1.390 nats. The hard token is s: at the separator the model must add five
-digits modulo 7 in one pass of a 2-layer, d = 32 Llama, which it cannot do exactly. Hidden streams give every token
+next-token loss is floor(K) = K·ln 7 / (K + 2) (1.390 nats at K = 5); a model blind to the sum gets
+(K + 1)·ln 7 / (K + 2). The hard token is s: at the separator the model must add K digits modulo 7 in one pass of a
+2-layer, d = 32 Llama, which it cannot do exactly. Hidden streams give every token
 more computation in the first (within-stream) layer, read by the last layer (the mixing layer); if the mechanism
-works, n > 1 must close part of the gap to FLOOR that n = 1 cannot.
+works, n > 1 must close part of the gap to the floor that n = 1 cannot.
 
 Steps: (1) a random 2-layer Llama is trained at n = 1 to its plateau (`--pre-steps`); (2) that backbone is continued
 by every cell × seed with scalelab.train.hidden_decoding.fit_cell (the stage's own training code; seeds vary the
@@ -37,8 +38,7 @@ from scalelab.data import file_sha256
 from scalelab.model.hidden_decoding_io import load_hidden_decoding
 from scalelab.train.hidden_decoding import fit_cell
 
-P, K, V = 7, 5, 16  # digits mod P, K digits per block, vocabulary (separator P; the rest unused)
-FLOOR = K * math.log(P) / (K + 2)
+P, V = 7, 16  # digits mod P, vocabulary (separator P; the rest unused); K digits per block: --digits
 CELLS = {
     "n1": {"n_streams": 1},
     "n2": {"n_streams": 2},
@@ -51,7 +51,12 @@ CELLS = {
 }
 
 
-def write_task(folder: Path, tokens: int, seed: int) -> None:
+def floor(K: int) -> float:
+    """The lowest reachable mean next-token loss: K unpredictable digits, a determined separator and sum."""
+    return K * math.log(P) / (K + 2)
+
+
+def write_task(folder: Path, tokens: int, seed: int, K: int) -> None:
     """Token shards of the sum task in the loader's format (train and val from different generators)."""
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"dtype": "uint16", "vocab_size": V, "eot_id": P, "tokenizer_sha256": "sum-mod-7", "shards": {}}
@@ -79,6 +84,7 @@ def main() -> None:
     ap.add_argument("--pre-steps", type=int, default=1500)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--digits", type=int, default=5, help="K, digits per block")
     ap.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     args = ap.parse_args()
     cells_run = {c: CELLS[c] for c in args.cells}
@@ -87,7 +93,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()  # the code run
     shards, metrics_dir = args.work / "tokens", args.out / "metrics"
     metrics_dir.mkdir(parents=True, exist_ok=True)
-    write_task(shards, 400_000, seed=0)
+    write_task(shards, 400_000, seed=0, K=args.digits)
 
     # (1) the backbone, trained to its plateau at n = 1
     torch.manual_seed(0)
@@ -99,7 +105,7 @@ def main() -> None:
     pre_metrics = fit_cell(pre, "pre", 0, args.work / "pre", shards)
     backbone = args.work / "backbone"
     load_hidden_decoding(args.work / "pre" / "model").backbone.save_pretrained(backbone)
-    print(f"backbone: val loss {pre_metrics['val_loss']:.4f} (floor {FLOOR:.4f})", flush=True)
+    print(f"backbone: val loss {pre_metrics['val_loss']:.4f} (floor {floor(args.digits):.4f})", flush=True)
 
     # (2) every cell × seed continues that backbone
     hd = config(backbone, cells_run, args.steps, 1e-3, args.seeds)
@@ -114,12 +120,13 @@ def main() -> None:
     cells = hdr.collect(metrics_dir, hd)
     cmp = hdr.comparisons(cells, hd)
     ledger.write_claims(args.out / "claims.json", hdr.claims(cmp, hd.claims.sfa_fraction, hd.claims.level))
-    summary = {"floor": FLOOR, "backbone_val_loss": pre_metrics["val_loss"], "cells": hdr.table(cells, hd),
+    summary = {"digits": args.digits, "floor": floor(args.digits), "sum_blind": (args.digits + 1) * math.log(P) / (args.digits + 2), "backbone_val_loss": pre_metrics["val_loss"], "cells": hdr.table(cells, hd),
                "gain_vs_n": hdr.gain_rows(cmp), "paired": {k: {str(n): d for n, d in v.items()} for k, v in cmp.items()}}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     run = {"command": "PYTHONPATH=src nice -n 15 python results/hidden-decoding/run_probe.py "
                       f"--out {args.out} --pre-steps {args.pre_steps} --steps {args.steps} "
-                      f"--seeds {' '.join(map(str, args.seeds))} --cells {' '.join(args.cells)}",
+                      f"--seeds {' '.join(map(str, args.seeds))} --cells {' '.join(args.cells)} "
+                      f"--digits {args.digits}",
            "commit": commit, "wall_s": round(time.perf_counter() - start, 1), "threads": 1,
            "host": f"{platform.machine()}, shared 2-core machine (other jobs running)",
            "params": hd.model_dump(mode="json"), "backbone_pretrain": pre.train.model_dump(mode="json")}
