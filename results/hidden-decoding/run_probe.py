@@ -120,8 +120,11 @@ def main() -> None:
     cells = hdr.collect(metrics_dir, hd)
     cmp = hdr.comparisons(cells, hd)
     ledger.write_claims(args.out / "claims.json", hdr.claims(cmp, hd.claims.sfa_fraction, hd.claims.level))
-    summary = {"digits": args.digits, "floor": floor(args.digits), "sum_blind": (args.digits + 1) * math.log(P) / (args.digits + 2), "backbone_val_loss": pre_metrics["val_loss"], "cells": hdr.table(cells, hd),
-               "gain_vs_n": hdr.gain_rows(cmp), "paired": {k: {str(n): d for n, d in v.items()} for k, v in cmp.items()}}
+    summary = {"digits": args.digits, "floor": floor(args.digits),
+               "sum_blind": (args.digits + 1) * math.log(P) / (args.digits + 2),
+               "backbone_val_loss": pre_metrics["val_loss"], "cells": hdr.table(cells, hd),
+               "gain_vs_n": hdr.gain_rows(cmp),
+               "paired": {k: {str(n): d for n, d in v.items()} for k, v in cmp.items()}}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     run = {"command": "PYTHONPATH=src nice -n 15 python results/hidden-decoding/run_probe.py "
                       f"--out {args.out} --pre-steps {args.pre_steps} --steps {args.steps} "
