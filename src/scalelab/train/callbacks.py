@@ -43,7 +43,12 @@ class Throughput(Callback):
     `peak_flops` is the peak of all devices together (per-device peak × world size), raised to any step's achieved
     FLOP/s: what was achieved is achievable, so MFU ≤ 1 even when the peak was measured while something else held
     the device. Put this callback first, so its timer stops before the other callbacks' work (validation,
-    sharpness, checkpoints).
+    sharpness, checkpoints). `flops_per_token` is the model's analytic count, which tests/test_train.py pins equal to
+    what Lightning's `measure_flops` counts (forward + backward).
+
+    Not Lightning's ThroughputMonitor: its peak comes from Lightning's GPU table only (none on CPU: no MFU) and is
+    never raised, its rate is wall time since training started (the other callbacks' work included), and it logs
+    each step apart at `global_step` (a request per step, twice the step under Muon), outside MetricsFile's batching.
     """
 
     def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float) -> None:
@@ -139,7 +144,12 @@ class NonFiniteGuard(Callback):
 
 
 class Validation(Callback):
-    """val/loss (token-weighted mean over the fixed validation windows) every `every` steps and at the end."""
+    """val/loss (token-weighted mean over the fixed validation windows) every `every` steps and at the end.
+
+    Not the Trainer's `val_check_interval`: Lightning validates after every on_train_batch_end hook, so the step's
+    curve row, log line and checkpoint would be written before its validation loss exists (a resumed run would lack
+    it), and it skips the last step when the interval does not divide the total.
+    """
 
     def __init__(self, every: int, total: int) -> None:
         self.every, self.total = every, total
@@ -363,8 +373,10 @@ class StepCheckpoint(Checkpoint):
     """Full training state (weights, optimizer states, callback states, step) to `dirpath/last.ckpt` every `every`
     steps and at the end, written atomically: a crash mid-write leaves the previous checkpoint intact.
 
-    Lightning's ModelCheckpoint counts `global_step`, which advances once per optimizer (twice per step under
-    Muon + AdamW); this one counts the module's optimizer steps.
+    Not Lightning's `ModelCheckpoint(every_n_train_steps=every, save_last=True)`: it counts `global_step`, which
+    advances once per optimizer (twice per step under Muon + AdamW), does not save the last step when `every` does
+    not divide it, and writes last.ckpt through fsspec's transaction, a temp file in $TMPDIR moved into place: a
+    copy, not an atomic rename, when $TMPDIR is on another filesystem (a node-local /tmp on a cluster).
     """
 
     def __init__(self, dirpath: Path, every: int, total: int) -> None:
