@@ -261,7 +261,8 @@ def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], pl
                          "shows their ledgers beside this run's."), ("table", studies_frame(studies))]
     for m in METHODS:
         blocks += [("h3", m.title)]
-        blocks += [("ledger", claims[m.key])] if claims[m.key] else [("p", f"not run ({CLAIMS.format(key=m.key)} absent)")]
+        blocks += ([("p", f"This run: {CLAIMS.format(key=m.key)}"), ("ledger", claims[m.key])] if claims[m.key]
+                   else [("p", f"not run ({CLAIMS.format(key=m.key)} absent)")])
         if claims[m.key]:
             blocks += [("p", f"Rule: {claims[m.key][0]['rule']}")]
         for s in (s for s in studies if s["method"] == m.key):
