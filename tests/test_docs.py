@@ -113,30 +113,40 @@ def stray_numbers(text: str) -> list[tuple[int, str, str]]:
 
 
 # ---------------------------------------------------------------- the layering (docs/architecture.md)
-def package_imports(*folders: Path) -> dict[str, set[str]]:
+def _node(dotted: list[str], library: Path, modules: bool) -> str:
+    """The graph node of an imported name `scalelab.<...>`: its package, or with `modules` its module (a package's
+    `__init__` is the package itself; `from scalelab import project_root` is the root)."""
+    if len(dotted) < 2 or not (library / dotted[1]).is_dir():
+        return "scalelab"
+    if modules and len(dotted) > 2 and (library / dotted[1] / f"{dotted[2]}.py").is_file():
+        return f"{dotted[1]}.{dotted[2]}"
+    return dotted[1]
+
+
+def package_imports(*folders: Path, modules: bool = False) -> dict[str, set[str]]:
     """Each scalelab package (and stages/, flows/) -> the scalelab packages its modules import, wherever the import
-    sits (module level or inside a function: both bind the layers)."""
+    sits (module level or inside a function: both bind the layers); with `modules`, module -> modules."""
     graph: dict[str, set[str]] = {}
     library = next((f for f in folders if f.name == "scalelab"), ROOT / "src/scalelab")
     for folder in folders:
         for path in sorted(folder.rglob("*.py")):
             rel = path.relative_to(folder).parts
             if folder.name == "scalelab":
-                package, parts = (rel[0] if len(rel) > 1 else "scalelab"), ["scalelab", *rel[:-1]]
+                parts = ["scalelab", *rel[:-1]]
+                me = _node(parts if path.stem == "__init__" else [*parts, path.stem], library, modules)
             else:
-                package, parts = folder.name, []
-            deps = graph.setdefault(package, set())
+                parts, me = [], folder.name
+            deps = graph.setdefault(me, set())
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
-                    deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("scalelab.")}
+                    deps |= {_node(a.name.split("."), library, modules) for a in node.names
+                             if a.name.split(".")[0] == "scalelab"}
                 elif isinstance(node, ast.ImportFrom):
                     base = parts[:len(parts) - node.level + 1] if node.level else []
                     full = [*base, *(node.module.split(".") if node.module else [])]
-                    if full[:1] != ["scalelab"]:
-                        continue
-                    deps |= ({a.name if (library / a.name).is_dir() else "scalelab" for a in node.names}
-                             if len(full) == 1 else {full[1]})  # `from scalelab import project_root`: the root
-            deps.discard(package)
+                    if full[:1] == ["scalelab"]:
+                        deps |= {_node([*full, a.name], library, modules) for a in node.names}
+            deps -= {d for d in deps if d.split(".")[0] == me.split(".")[0]}  # within a package: its own affair
     return graph
 
 
@@ -217,14 +227,24 @@ def test_the_layering_follows_the_imports(tmp_path):
     table = layering(src)
     assert "| 2 | `top` |" in table and "| 1 | `mid` | `low` |" in table and "    mid --> low" in table
     assert "cycle" not in table
+    (src / "low" / "leaf.py").write_text("")
+    (src / "mid" / "use.py").write_text("from scalelab.low import leaf\nfrom scalelab import project_root\n")
+    assert package_imports(src, modules=True)["mid.use"] == {"low.leaf", "scalelab"}
     (src / "low" / "__init__.py").write_text("import scalelab.mid\n")
     layer, cycles = layers(package_imports(src))
     assert [sorted(set(c)) for c in cycles] == [["low", "mid"]] and layer["top"] > layer["mid"]
     assert "Import cycle" in layering(src)
 
 
-@pytest.mark.xfail(strict=True, reason="data and compress import scalelab.pipeline.log (Every), and pipeline imports "
-                   "data: the lead's fix is to move log below data; this test then passes: remove the mark")
+def test_the_modules_import_without_cycles():
+    """No scalelab module imports itself back through other packages' modules (the weaker rule the code keeps today:
+    pipeline.log and pipeline.placement import nothing of scalelab, so data may use them while pipeline uses data)."""
+    assert layers(package_imports(ROOT / "src/scalelab", modules=True))[1] == []
+
+
+@pytest.mark.xfail(strict=True, reason="data imports the leaf module pipeline.log while pipeline.check and "
+                   "pipeline.stage import data: a package-level cycle; moving pipeline's leaf modules (log, placement) "
+                   "below data fixes it, and then this test passes: remove the mark")
 def test_the_packages_import_without_cycles():
     assert layers(package_imports(ROOT / "src/scalelab", ROOT / "stages", ROOT / "flows"))[1] == []
 
