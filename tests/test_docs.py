@@ -237,14 +237,10 @@ def test_the_layering_follows_the_imports(tmp_path):
 
 
 def test_the_modules_import_without_cycles():
-    """No scalelab module imports itself back through other packages' modules (the weaker rule the code keeps today:
-    pipeline.log and pipeline.placement import nothing of scalelab, so data may use them while pipeline uses data)."""
+    """No scalelab module imports itself back through other packages' modules."""
     assert layers(package_imports(ROOT / "src/scalelab", modules=True))[1] == []
 
 
-@pytest.mark.xfail(strict=True, reason="data imports the leaf module pipeline.log while pipeline.check and "
-                   "pipeline.stage import data: a package-level cycle; moving pipeline's leaf modules (log, placement) "
-                   "below data fixes it, and then this test passes: remove the mark")
 def test_the_packages_import_without_cycles():
     assert layers(package_imports(ROOT / "src/scalelab", ROOT / "stages", ROOT / "flows"))[1] == []
 

@@ -21,7 +21,6 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, Checkpoint
 
 from scalelab.data import write_json_atomic
-from scalelab.train.sharpness import Sharpness, top_hessian_eigenvalue  # noqa: F401  (scalelab.train's names)
 
 log = logging.getLogger(__name__)
 
