@@ -33,7 +33,7 @@ from scalelab.data.loader import Shards
 from scalelab.model.hf import load_hf_tokenizer
 from scalelab.model.hidden_decoding import HiddenDecodingLM, flops_per_token
 from scalelab.model.hidden_decoding_io import from_source, save_hidden_decoding
-from scalelab.pipeline import placement
+from scalelab.runtime import placement
 from scalelab.train.callbacks import MetricsFile, NonFiniteGuard, Progress, StepCheckpoint, Throughput, Validation
 from scalelab.train.datamodule import TokenDataModule
 from scalelab.train.fit import PRECISION_DTYPE, _code_digest, _device, _peak_mem_mb, peak_flops
