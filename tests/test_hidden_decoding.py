@@ -724,6 +724,7 @@ CAUGHT = [
     ("hd-resume-ignored", f"{T}test_an_interrupted_cell_resumes_to_the_uninterrupted_result"),
     ("hd-hash-ignores-backbone", f"{T}test_an_interrupted_cell_resumes_to_the_uninterrupted_result"),
     ("hd-symmetry-check-removed", f"{T}test_settings_with_interchangeable_or_unread_streams_are_refused"),
+    ("hd-symmetry-check-removed", f"{T}test_stage_refuses_interchangeable_streams_before_any_compute"),
     ("hd-dense-mixing-restored", f"{T}test_maskless_mixing_equals_the_dense_oracle"),
     ("hd-per-layer-as-shared", f"{T}test_rope_positions_per_layer_kind"),
     ("hd-cache-not-preallocated", f"{T}test_decoding_writes_into_a_preallocated_cache"),
