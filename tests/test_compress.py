@@ -403,6 +403,30 @@ def test_refinement_lowers_the_end_to_end_objective():
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_refinement_moves_bfloat16_factors_and_balances_them_first():
+    """A bf16 model's factors are fitted as float32 masters (bf16 steps at this lr would round away), at the lr the
+    presets use; each rank-one component is balanced first (same product, equal norms of L's column and R's row)."""
+    from scalelab.compress.lowrank import LowRankLinear
+    from scalelab.compress.refine import balance, refine
+
+    base, data = tiny("llama"), batches()
+    model = copy_of(base)
+    compress_model(model, data, MethodConfig(kind="svd_llm"), 0.5)
+    layer = next(m for m in model.modules() if isinstance(m, LowRankLinear))
+    product = layer.left.weight @ layer.right.weight
+    balance(layer)
+    torch.testing.assert_close(layer.left.weight @ layer.right.weight, product)
+    torch.testing.assert_close(layer.left.weight.norm(dim=0), layer.right.weight.norm(dim=1))
+    model, teacher = model.to(torch.bfloat16), base.to(torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if ".left." in n or ".right." in n}
+    result = refine(model, teacher, data, target="blocks", cfg=RefineConfig(steps=10, lr=1e-4, batch_size=8))
+    after = dict(model.named_parameters())
+    assert all(after[n].dtype == torch.bfloat16 for n in before)
+    changed = [float((after[n].float() != b.float()).float().mean()) for n, b in before.items()]
+    assert min(changed) > 0.5, changed  # most entries of every factor moved
+    assert result["objective_after"] < result["objective_before"]
+
+
 # ---------------------------------------------------------------- the stage's cell: data and params
 def _hf_folder(tmp_path, arch="llama"):
     """A tiny causal LM with its own word-level tokenizer, saved like a user's local model."""
@@ -631,6 +655,48 @@ def _(monkeypatch):
     monkeypatch.setattr(methods, "svd_llm", lambda weight, k, gram, jitter=1e-6: methods.plain_svd(weight, k))
 
 
+@mutant("sigmascale-kept-subspace")  # the fast loss on the kept (top-k) eigenvectors instead of the discarded ones
+def _(monkeypatch):
+    import importlib  # the package's attribute `sigmascale` is the function: the module by its full name
+
+    mod = importlib.import_module("scalelab.compress.sigmascale")
+    real = mod.scaled_loss
+    monkeypatch.setattr(mod, "scaled_loss", lambda d_r, d_c, problem, k: real(
+        d_r, d_c, problem, min(problem["w"].shape) - k))
+
+
+@mutant("sigmascale-no-plateau-stop")  # the official plateau rule never fires: every map runs to the cap
+def _(monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("scalelab.compress.sigmascale"), "plateaued", lambda h, p, t: None)
+
+
+@mutant("calibration-per-cell")  # every cell recollects the statistics (the pre-issue-18 behaviour)
+def _(monkeypatch):
+    from scalelab.compress import cells, shared
+
+    real = shared.Calibration
+
+    class PerCell(real):
+        def stats(self, i, device="cpu"):
+            return shared.collect(self._model, self.batches, self.groups[i])
+
+    def build(model, batches, **kw):
+        c = PerCell(model, batches, **kw)
+        c._model = model
+        return c
+
+    monkeypatch.setattr(cells, "Calibration", build)
+
+
+@mutant("refine-in-model-dtype")  # no float32 masters: bf16 factors updated in place
+def _(monkeypatch):
+    from scalelab.compress.lowrank import LowRankLinear
+
+    monkeypatch.setattr(LowRankLinear, "float", lambda self: self)
+
+
 T = "tests/test_compress.py::"
 CAUGHT = [
     ("asvd-output-side", f"{T}test_asvd_scales_the_input_side_by_mean_abs_activation_to_alpha"),
@@ -639,6 +705,10 @@ CAUGHT = [
     ("fwsvd-wrong-side", f"{T}test_fwsvd_minimises_the_fisher_weighted_error"),
     ("fwsvd-wrong-side", f"{T}test_fwsvd_is_plain_svd_under_uniform_fisher_weights"),
     ("svd-llm-unwhitened", f"{T}test_svd_llm_loss_is_the_discarded_singular_values_of_whitened_w"),
+    ("sigmascale-kept-subspace", f"{T}test_fast_sigmascale_step_matches_the_full_differentiable_svd"),
+    ("sigmascale-no-plateau-stop", f"{T}test_sigmascale_stops_by_the_official_plateau_rule"),
+    ("calibration-per-cell", f"{T}test_calibration_is_computed_once_per_seed_and_shared"),
+    ("refine-in-model-dtype", f"{T}test_refinement_moves_bfloat16_factors_and_balances_them_first"),
 ]
 
 
