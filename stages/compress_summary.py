@@ -12,7 +12,7 @@ from pathlib import Path
 
 from scalelab.config import Params, ParamsError
 from scalelab.data import DataError
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def main(params: Params) -> None:
@@ -33,7 +33,7 @@ def main(params: Params) -> None:
     from scalelab import tracking
     from scalelab.compress import summary
     from scalelab.data import atomic_dir, write_json_atomic
-    from scalelab.evaluate import claims
+    from scalelab.analysis import claims
 
     plots = {s: json.loads((Path("plots/compress") / f"seed-{s}.json").read_text()) for s in grid.seeds}
     cells = [by_name[n] for n in names.values()]

@@ -25,7 +25,7 @@ from scalelab.compress.refine import refine
 from scalelab.compress.shared import Calibration, eta
 from scalelab.compress.sigmascale import sigmascale
 from scalelab.config.compress import AllocationConfig, MethodConfig, RefineConfig, SigmaScaleConfig
-from scalelab.log import Every
+from scalelab.pipeline.log import Every
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from scalelab.compress import methods
 from scalelab.compress.calibrate import Batch, Stats, collect, decoder_linears, fisher_rows
-from scalelab.log import Every
+from scalelab.pipeline.log import Every
 
 log = logging.getLogger(__name__)
 
