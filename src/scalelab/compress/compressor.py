@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from scalelab.compress import methods, rank
-from scalelab.compress.calibrate import Batch
+from scalelab.compress.calibrate import Batch, eta
 from scalelab.compress.erank import effective_rank, participation_ratio
 from scalelab.compress.lowrank import apply_factors
 from scalelab.compress.refine import refine
-from scalelab.compress.shared import Calibration, eta
+from scalelab.compress.shared import Calibration
 from scalelab.compress.sigmascale import sigmascale
 from scalelab.config.compress import AllocationConfig, MethodConfig, RefineConfig, SigmaScaleConfig
 from scalelab.pipeline.log import Every

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from scalelab.compress import methods
-from scalelab.compress.calibrate import Batch, Stats, collect, decoder_linears, fisher_rows
+from scalelab.compress.calibrate import Batch, Stats, collect, decoder_linears, eta, fisher_rows
 from scalelab.pipeline.log import Every
 
 log = logging.getLogger(__name__)
@@ -34,12 +34,6 @@ def groups_of(blocks: list[list[str]], per_pass: int) -> list[list[str]]:
     """Map names of `per_pass` consecutive decoder blocks per pass (0: all blocks in one pass)."""
     per_pass = per_pass or len(blocks)
     return [[n for b in blocks[i : i + per_pass] for n in b] for i in range(0, len(blocks), per_pass)]
-
-
-def eta(done: int, total: int, elapsed: float) -> str:
-    """'done/total, elapsed s, ETA s' for a progress line."""
-    left = elapsed / done * (total - done) if done else float("nan")
-    return f"{done}/{total}, {elapsed:.0f} s, ETA {left:.0f} s"
 
 
 class Calibration:
