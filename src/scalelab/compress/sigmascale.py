@@ -42,18 +42,40 @@ def problem_of(weight: torch.Tensor, gram: torch.Tensor, dtype: torch.dtype = to
     return {"rows": False, "w": w.to(dtype), "h_mat": (w.T @ w).to(dtype), "c_mat": c.to(dtype)}
 
 
+class _Discarded(torch.autograd.Function):
+    """The eigenvectors of the q smallest eigenvalues of a symmetric A, with the gradient of a function of their span
+    only. Perturbation theory: du_j = Σ_{i≠j} u_i (u_iᵀ dA u_j)/(λ_j − λ_i); for a loss invariant to rotations inside
+    the span, the terms with i in the span cancel, leaving ∂L/∂A = sym(U_t X U_bᵀ), X_ij = (U_tᵀG)_ij/(λ_b,j − λ_t,i).
+    `torch.linalg.eigh`'s own backward keeps every pair, and pairs of (near-)equal eigenvalues inside either block
+    give inf·0 = NaN although their true contribution is zero; only the gap at the cut enters here."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, q: int) -> torch.Tensor:
+        lam, u = torch.linalg.eigh(a)  # ascending
+        ctx.save_for_backward(lam, u)
+        ctx.q = q
+        return u[:, :q]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        lam, u = ctx.saved_tensors
+        q = ctx.q
+        ub, ut = u[:, :q], u[:, q:]
+        x = (ut.T @ grad) / (lam[None, :q] - lam[q:, None])
+        g = ut @ x @ ub.T
+        return (g + g.T) / 2, None
+
+
 def scaled_loss(d_r: torch.Tensor, d_c: torch.Tensor, problem: dict, k: int) -> torch.Tensor:
     """‖(W − Ŵ)X‖²_F (not yet divided by m·n) through the eigendecomposition of the scaled matrix's small Gram."""
     r, c, w = d_r.exp(), d_c.exp(), problem["w"]
     m = r[:, None] * w * c
     if problem["rows"]:
-        _, u = torch.linalg.eigh(m @ m.T)  # ascending: the first m − k columns span the discarded subspace
-        ub = u[:, : w.shape[0] - k]
+        ub = _Discarded.apply(m @ m.T, w.shape[0] - k)  # the m − k discarded directions
         left = ub.T @ (ub / r[:, None] ** 2)
         right = (ub * r[:, None]).T @ problem["k_mat"] @ (ub * r[:, None])
     else:
-        _, v = torch.linalg.eigh(m.T @ m)
-        vb = v[:, : w.shape[1] - k]
+        vb = _Discarded.apply(m.T @ m, w.shape[1] - k)
         left = (vb * c[:, None]).T @ problem["h_mat"] @ (vb * c[:, None])
         right = (vb / c[:, None]).T @ problem["c_mat"] @ (vb / c[:, None])
     return (left * right).sum()  # tr(AB) for symmetric A, B
@@ -104,7 +126,7 @@ def sigmascale(weight: torch.Tensor, k: int, gram: torch.Tensor, *, lr: float = 
         if math.isfinite(value):
             objective.backward()
         if not math.isfinite(value) or not all(torch.isfinite(p.grad).all() for p in (d_r, d_c)):
-            # near-equal eigenvalues can make the eigendecomposition's backward blow up: skip the step
+            # a degenerate gap at the cut can still make the backward blow up: skip the step
             skipped += 1
             if skipped > max_steps // 10:
                 stop = "nonfinite"
