@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalelab.data.loader import train_batch
-from scalelab.pipeline.log import Every
+from scalelab.runtime.log import Every
 
 log = logging.getLogger(__name__)
 

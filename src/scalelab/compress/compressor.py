@@ -25,7 +25,7 @@ from scalelab.compress.refine import refine
 from scalelab.compress.shared import Calibration
 from scalelab.compress.sigmascale import sigmascale
 from scalelab.config.compress import AllocationConfig, MethodConfig, RefineConfig, SigmaScaleConfig
-from scalelab.pipeline.log import Every
+from scalelab.runtime.log import Every
 
 log = logging.getLogger(__name__)
 

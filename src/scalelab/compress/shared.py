@@ -25,7 +25,7 @@ from torch import nn
 
 from scalelab.compress import methods
 from scalelab.compress.calibrate import Batch, Stats, collect, decoder_linears, eta, fisher_rows
-from scalelab.pipeline.log import Every
+from scalelab.runtime.log import Every
 
 log = logging.getLogger(__name__)
 
