@@ -197,6 +197,23 @@ def test_sigmascale_stops_by_the_official_plateau_rule():
     assert capped.info["stop"] == "cap" and capped.info["steps"] == 30
 
 
+def test_sigmascale_warm_start_begins_at_the_whitening_diagonal_and_can_move():
+    """Beyond the paper (`init: svd_llm`): step 0 is the scalings d_c = ½·log(diag C / mean diag C), d_r = 0, and the
+    optimiser moves from there (unlike the dropped variant, which started at SVD-LLM's optimum of the same loss)."""
+    from scalelab.compress.sigmascale import problem_of, scaled_loss
+
+    w, stats = _layer()
+    m, n = w.shape
+    diag = stats.gram.diagonal()
+    d_c = 0.5 * (diag / diag.mean()).log()
+    expect = float(scaled_loss(torch.zeros(m, dtype=torch.float64), d_c, problem_of(w, stats.gram, torch.float64), 6))
+    expect = expect / (m * n) + 1e-6 * float(d_c.square().sum())
+    f = sigmascale_of(w, 6, stats.gram, init="svd_llm", max_steps=200, patience=20, lr=2e-2)
+    assert f.info["objective_init"] == pytest.approx(expect, rel=1e-4)
+    assert f.info["objective_best"] < 0.99 * f.info["objective_init"]
+    assert layer_loss(w, f.left, f.right, stats.gram) > methods.svd_llm_loss(w, 6, stats.gram) * (1 + 1e-6)
+
+
 def sigmascale_of(w, k, gram, **kw):
     from scalelab.compress.sigmascale import sigmascale
 

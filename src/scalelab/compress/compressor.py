@@ -68,7 +68,7 @@ def factorize(method: MethodConfig, weight: torch.Tensor, k: int, stats, fisher:
         return methods.svd_llm(weight, k, stats.gram)
     if method.kind == "fwsvd":
         return methods.fwsvd(weight, k, fisher)
-    return sigmascale(weight, k, stats.gram, generator=generator, **sigma_cfg.model_dump())
+    return sigmascale(weight, k, stats.gram, init=method.init, generator=generator, **sigma_cfg.model_dump())
 
 
 def allocate(model: nn.Module, calib: Calibration, keep: float, allocation: AllocationConfig,

@@ -17,6 +17,11 @@ Per step: one min(m,n)² Gram, one symmetric eigendecomposition of it and produc
 the calibration root and no cancellation (the loss is the residual energy itself). `svd_loss` is the paper's form
 (differentiable full SVD), kept as the reference the fast step is tested and benchmarked against.
 
+Beyond the paper (`init="svd_llm"`): the column scalings start at the diagonal of SVD-LLM's whitening,
+d_c = ½·log(diag C / mean diag C) (so D_c ≈ diag(C)^½: ASVD-like with α from the Gram), d_r = 0, and the paper's
+optimiser runs from there. (The earlier variant, scalings on the fully whitened W·S from d = 0, started at SVD-LLM's
+exact optimum of the same loss and could not move: dropped.)
+
 Stopping (the official code's rule, train_utils/svd_smoother.py): after more than 2·`patience` steps, stop when the
 mean loss of the last `patience` steps is no lower than that of the `patience` before by more than `tol` (relative
 here: the official threshold 1e-4 is absolute in its own loss units), or is higher (the loss rising). A run that
@@ -104,15 +109,22 @@ def plateaued(history: list[float], patience: int, tol: float) -> str | None:
 
 def sigmascale(weight: torch.Tensor, k: int, gram: torch.Tensor, *, lr: float = 5e-3, weight_decay: float = 0.0,
                lam: float = 1e-6, init_std: float = 0.1, max_steps: int = 1000, patience: int = 50,
-               tol: float = 1e-3, generator: torch.Generator | None = None) -> Factors:
+               tol: float = 1e-3, init: str = "random", generator: torch.Generator | None = None) -> Factors:
     """SigmaScale's factors of one map; `info` records its convergence: steps, the objective at the first and at the
     best step, their ratio, and why it stopped ('plateau', 'rising', 'cap' or 'nonfinite')."""
     m, n = weight.shape
     dev = weight.device
     problem = {key: (v.to(dev) if isinstance(v, torch.Tensor) else v) for key, v in problem_of(weight, gram).items()}
+    if init not in ("random", "svd_llm"):
+        raise ValueError(f"sigmascale init {init!r}: expected 'random' or 'svd_llm'")
     std = init_std * float(weight.float().std())
     d_r = torch.nn.Parameter(torch.randn(m, generator=generator, dtype=torch.float64).float().to(dev) * std)
     d_c = torch.nn.Parameter(torch.randn(n, generator=generator, dtype=torch.float64).float().to(dev) * std)
+    if init == "svd_llm":  # beyond the paper: the diagonal of SVD-LLM's whitening, diag(C)^½ up to scale, on the inputs
+        diag = gram.double().diagonal().clamp_min(1e-30)
+        with torch.no_grad():
+            d_r.zero_()
+            d_c.copy_((0.5 * (diag / diag.mean()).log()).float().to(dev))
     opt = torch.optim.AdamW([d_r, d_c], lr=lr, weight_decay=weight_decay)
 
     best = (math.inf, d_r.detach().clone(), d_c.detach().clone())

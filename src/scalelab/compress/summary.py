@@ -4,7 +4,7 @@ claim. The ledger entries themselves are built by the summary stage with scalela
 Claims (differences oriented so that positive is the claim's direction, paired by calibration seed):
     published ordering at each kept fraction, in validation loss (nats; ppl = exp):
         SVD-LLM ≤ SigmaScale,  SigmaScale < ASVD,  SigmaScale < FWSVD,  ASVD < SVD,  FWSVD < SVD
-    beyond the paper: each method with end-to-end refinement < SVD-LLM
+    beyond the paper: each warm-started SigmaScale or end-to-end refined method < SVD-LLM
     spectrum: per seed, Spearman correlation over (method, kept fraction, layer) between erank_after/erank_before
         and the layer loss relative to plain SVD's (same layer, rank and seed): positive = lower erank, lower loss.
         Only methods that are a scaling of their own count (`distinct`): a refined variant repeats its base method's
@@ -34,7 +34,8 @@ ORDERING = [
 
 
 def distinct(cfg: CompressConfig) -> set[str]:
-    """Methods whose per-layer factors are their own (the paper's kinds, as specified: no refinement)."""
+    """Methods whose per-layer factors are their own (the paper's kinds as specified, or a warm-started SigmaScale;
+    not a refined copy of another method's layers)."""
     return {name for name, m in cfg.methods.items() if m.refine == "none"}
 
 
@@ -106,7 +107,8 @@ def claim_specs(table: pl.DataFrame, layers: pl.DataFrame, cfg: CompressConfig) 
                               "diffs": _paired(table, worse, better, keep), "published": PUBLISHED})
         for name in sorted(present):
             m = cfg.methods.get(name)
-            if name != "svd_llm" and "svd_llm" in present and m is not None and m.refine != "none":
+            if name != "svd_llm" and "svd_llm" in present and m is not None and (m.init != "random" or
+                                                                                  m.refine != "none"):
                 specs.append({"id": f"d.beyond.{name}.svd_llm@{keep:g}",
                               "text": f"{name} (beyond the paper) beats SVD-LLM at kept fraction {keep:g}",
                               "metric": f"val NLL(svd_llm) − val NLL({name}), nats",

@@ -25,10 +25,19 @@ class MethodConfig(Strict):
 
     kind: Literal["svd", "asvd", "fwsvd", "svd_llm", "sigmascale"]
     alpha: NonNegFloat = 0.5  # asvd: S = diag(mean|x|)^α
+    # sigmascale: `random` is the paper's d ~ N(0, (0.1·std W)²); `svd_llm` (beyond the paper) warm-starts the column
+    # scalings at the diagonal of SVD-LLM's whitening, d_c = ½·log(diag C / mean diag C), the rows at 0
+    init: Literal["random", "svd_llm"] = "random"
     # the rank allocation of this method's cells; None: compress.allocation.kind (a `uniform` twin is the ablation)
     allocation: Literal["uniform", "sensitivity"] | None = None
     # beyond the paper: after compression, fit the factors end to end to the uncompressed model on calibration data
     refine: Literal["none", "logits", "blocks"] = "none"
+
+    @model_validator(mode="after")
+    def _check(self) -> "MethodConfig":
+        if self.init != "random" and self.kind != "sigmascale":
+            raise ValueError(f"init {self.init!r} is a sigmascale option (kind is {self.kind!r})")
+        return self
 
 
 class SigmaScaleConfig(Strict):
