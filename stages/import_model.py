@@ -16,10 +16,14 @@ NAME = "smollm2-135m-instruct"
 
 def main(params: Params) -> None:
     from scalelab import tracking
-    from scalelab.data import write_json_atomic
-    from scalelab.model.gguf import gguf_file, import_gguf
+    from scalelab.data import DataError, write_json_atomic
+    from scalelab.model.gguf import GGUFNotFound, gguf_file, import_gguf
 
-    src, out = gguf_file(NAME), Path("models") / NAME
+    try:
+        src = gguf_file(NAME)
+    except GGUFNotFound as err:  # one line naming the install command, before any run is opened
+        raise DataError(str(err)) from None
+    out = Path("models") / NAME
     with tracking.stage_run("import_model", params={"model": NAME, "gguf": src.name},
                             experiment=params.tracking.experiment) as run:
         start = time.perf_counter()

