@@ -152,9 +152,12 @@ def test_every_stage_runs_after_the_params_check():
 
 
 def test_make_repro_checks_params_before_dvc():
+    """`make repro` is `scalelab repro`, which runs the params check before the flow (tests/test_cli.py); nothing in
+    the recipe starts DVC or the flow before it."""
     out = _run(["make", "-n", "repro"], ROOT, os.environ).stdout.splitlines()
-    check = next(i for i, line in enumerate(out) if "-m scalelab.pipeline.check" in line)
-    assert check < next(i for i, line in enumerate(out) if "dvc repro" in line or "flows/pipeline.py" in line)
+    first = next(i for i, line in enumerate(out) if "scalelab repro" in line or "-m scalelab.pipeline.check" in line)
+    assert first <= next(i for i, line in enumerate(out) if "repro" in line and "scalelab" in line)
+    assert not any("dvc repro" in line or "flows/pipeline.py" in line for line in out[:first])
 
 
 # ---------------------------------------------------------------- 7. one line per user error, an exit code per kind
