@@ -76,12 +76,18 @@ def check_project_code() -> None:
     if here == project:
         return
     for name, module in list(sys.modules.items()):
-        if not (name == "scalelab" or name.startswith("scalelab.")) or not (f := getattr(module, "__file__", None)):
+        # scalelab's modules, and a module of it run as __main__ (`python -m scalelab.pipeline.check`: validate)
+        if not (f := getattr(module, "__file__", None)) or not (name == "scalelab" or name.startswith("scalelab.")
+                                                                or name == "__main__" and _under(f, here)):
             continue
         rel = Path(f).resolve().relative_to(here) if Path(f).resolve().is_relative_to(here) else None
         if rel is None or digest(str(here / rel)) != digest(str(project / rel)):
             raise WrongInterpreter(f"{sys.executable} runs scalelab from {here}, not this project's {project} "
                                    f"({rel or name} differs): {FIX}")
+
+
+def _under(path: str, folder: Path) -> bool:
+    return Path(path).resolve().is_relative_to(folder)
 
 
 def main(argv: list[str] | None = None) -> int:
