@@ -7,7 +7,6 @@ A throwaway venv stands for the project's .venv after `make setup`: this interpr
 its path, the path hook `make setup` writes (scalelab.pipeline.interpreter), and a `dvc` console script."""
 
 import json
-import os
 import subprocess
 import sys
 import sysconfig
@@ -32,8 +31,7 @@ def _venv(where: Path) -> Path:
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     (where / "bin" / "dvc").write_text(f"#!{where}/bin/python\nimport sys\nfrom dvc.cli import main\nsys.exit(main())\n")
     (where / "bin" / "dvc").chmod(0o755)
-    interpreter.install(site)
-    return site
+    return site  # without the path hook: each test installs it, as `make setup` does
 
 
 def _foreign(where: Path, body: str) -> Path:
@@ -67,7 +65,8 @@ def shell_ws(tmp_path_factory):
 
 
 def test_dvc_from_the_venv_runs_its_python_from_a_clean_path_and_past_a_foreign_one(shell_ws, tmp_path):
-    ws, env, _ = shell_ws
+    ws, env, site = shell_ws
+    interpreter.install(site)
     res = _dvc(ws, env | {"PATH": CLEAN_PATH}, "repro", "validate", "prepare")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     built = _outs(ws)
@@ -90,7 +89,8 @@ def test_a_stage_interpreter_with_other_code_refuses_before_any_result_is_touche
     scalelab (another clone's): the `validate` stage refuses with one line, exit 2, and DVC stops there: prepare's
     outs and dvc.lock keep their bytes."""
     ws, env, site = shell_ws
-    if not (ws / "data/prepared/train.parquet").exists():
+    if not (ws / "data/prepared/train.parquet").exists():  # run alone
+        interpreter.install(site)
         res = _dvc(ws, env | {"PATH": CLEAN_PATH}, "repro", "validate", "prepare")
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     other = tmp_path / "other-clone"
@@ -98,7 +98,7 @@ def test_a_stage_interpreter_with_other_code_refuses_before_any_result_is_touche
     (other / "scalelab" / "pipeline" / "check.py").write_text(
         (other / "scalelab" / "pipeline" / "check.py").read_text() + "\n# another clone's version\n")
     foreign = _foreign(tmp_path / "foreign", f'PYTHONPATH={other} exec {sys.executable} "$@"')
-    (site / interpreter.PTH_NAME).unlink()
+    (site / interpreter.PTH_NAME).unlink(missing_ok=True)
     try:
         before = {p: p.read_bytes() for p in [ws / "dvc.lock", *(ws / "data/prepared").iterdir()]}
         # prepare must rerun too (its params changed), so only the refusal at the head keeps its outs
