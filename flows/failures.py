@@ -8,7 +8,7 @@ import signal
 
 from prefect.states import State
 
-from scalelab.pipeline import placement
+from scalelab.runtime import placement
 
 DEFAULT_RETRIES = 2  # every stage is idempotent: training resumes from its checkpoint
 # Stage-name prefix -> retries. Data stages are deterministic: a retry would only repeat the same error.
@@ -21,7 +21,7 @@ DETERMINISTIC = {2: "params error", 3: "data error", 4: "non-finite loss"}
 STAGE_EXIT = re.compile(r"failed to run: .*, exited with (-?\d+)")
 # An interrupted flow (SIGTERM, Ctrl-C) stops its stages: Prefect cancels only tasks not yet started, and the thread
 # pool runs every queued task before the process can exit, so without this the flow went on submitting cells.
-# The state lives in scalelab.pipeline.placement: Dask and Ray pickle this module's functions by value, and a lock cannot be.
+# The state lives in scalelab.runtime.placement: Dask and Ray pickle this module's functions by value, and a lock cannot be.
 
 
 def stop_stages() -> None:

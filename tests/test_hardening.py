@@ -709,7 +709,7 @@ def test_progress_off_a_terminal_is_a_line_at_each_step_with_its_eta(caplog):
     last with the total time; nothing on the stream (no bar when it is not a terminal)."""
     import io
 
-    from scalelab.pipeline.log import Progress
+    from scalelab.runtime.log import Progress
 
     clock, stream = _Clock(1.0), io.StringIO()
     with caplog.at_level("INFO", logger="scalelab.progress"):
@@ -728,7 +728,7 @@ def test_progress_off_a_terminal_is_a_line_at_each_step_with_its_eta(caplog):
 def test_progress_lines_are_rate_limited_and_a_slow_step_still_reports(caplog):
     """Fast units: one line per min_interval at most, however many steps pass; a loop done within it logs nothing.
     A slow first step: a line after max_interval anyway."""
-    from scalelab.pipeline.log import Progress, progress
+    from scalelab.runtime.log import Progress, progress
 
     clock = _Clock(0.125)
     with caplog.at_level("INFO", logger="scalelab.progress"):
@@ -754,7 +754,7 @@ def test_progress_lines_are_rate_limited_and_a_slow_step_still_reports(caplog):
 
 
 def test_progress_on_a_terminal_is_a_bar_not_log_lines(caplog):
-    from scalelab.pipeline.log import progress
+    from scalelab.runtime.log import progress
 
     term = _Terminal()
     with caplog.at_level("INFO", logger="scalelab.progress"):
@@ -765,7 +765,7 @@ def test_progress_on_a_terminal_is_a_bar_not_log_lines(caplog):
 
 @mutant("progress-without-eta")
 def _(monkeypatch):
-    from scalelab.pipeline import log
+    from scalelab.runtime import log
 
     line = log.Progress.line
     monkeypatch.setattr(log.Progress, "line", lambda self, now=None: line(self, now).split(", ETA")[0])
@@ -773,14 +773,14 @@ def _(monkeypatch):
 
 @mutant("progress-bar-off-a-terminal")
 def _(monkeypatch):
-    from scalelab.pipeline import log
+    from scalelab.runtime import log
 
     monkeypatch.setattr(log, "_isatty", lambda stream: True)
 
 
 @mutant("progress-lines-every-update")
 def _(monkeypatch):
-    from scalelab.pipeline import log
+    from scalelab.runtime import log
 
     monkeypatch.setattr(log, "PROGRESS_STEP", 0.0)
     init = log.Progress.__init__

@@ -5,6 +5,11 @@ Everything in it is computed from the pipeline's outs, nothing is typed in: the 
 summary folder: its CSV tables and PNG plots), the evaluation table (metrics/evaluate), the loss curves overlaying the
 variants of each size (plots/pretrain), and the claims ledger gathered from metrics/claims_<a|b|c|d>.json, each claim
 beside its published number. A method whose outs are absent is reported as "not run".
+
+Beside this run's ledger (one seed in the default profile, so mostly inconclusive by design) stand the committed
+studies' ledgers from results/<study>/, each labelled with the profile, seeds and commit its study.json names (the
+contract: docs/workflow.md "Committed studies"), so the first report says what is decided and by which run. A study
+folder without that contract is listed as "no ledger" with the reason, never an error: this run's report goes on.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import base64
 import html
 import json
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +45,9 @@ METHODS = (
 )
 CLAIMS = "metrics/claims_{key}.json"
 HD_GAIN = ("plots/hidden_decoding_gain.csv", "n_streams", "gain_tokens")  # the Hidden Decoding summary's plot data
+RESULTS, STUDY = "results", "study.json"
+STUDY_FIELDS = ("name", "profile", "seeds", "commit", "command", "wall_time_s", "ledger")
+LEDGER = re.compile(r"(?:[\w.-]+/)*claims_([a-d])\.json")  # the ledger's file name says its method
 MAX_ROWS = 40  # longer tables are cut in the report (the CSV beside it is whole)
 
 Block = tuple[str, Any]  # ("h1"|"h2"|"h3"|"p", text) ("table", DataFrame) ("img", Path) ("ledger", entries)
@@ -120,6 +129,80 @@ def gather_claims(root: Path) -> dict[str, list[dict] | None]:
     return out
 
 
+def read_study(folder: Path) -> dict:
+    """One committed study: its study.json fields, its method (the ledger's letter) and ledger entries. Where the
+    contract is not met, `entries` is None and `problem` says why in one line (the report lists it as such)."""
+    study: dict[str, Any] = {"name": folder.name, "method": None, "entries": None, "problem": None}
+    try:
+        meta = json.loads((folder / STUDY).read_text())
+        if missing := [f for f in STUDY_FIELDS if f not in meta]:
+            raise ValueError(f"{STUDY} lacks {', '.join(missing)}")
+        if not (m := LEDGER.fullmatch(str(meta["ledger"]))):
+            raise ValueError(f"ledger {meta['ledger']!r} is not a path to claims_<a|b|c|d>.json")
+        entries = ledger_rules.read_claims(folder / meta["ledger"])
+    except FileNotFoundError as e:
+        return study | {"problem": f"{os.path.relpath(e.filename, folder)} absent"}
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # malformed JSON or fields: named, not raised
+        return study | {"problem": str(e).replace(str(folder) + "/", "")}
+    return study | {k: meta[k] for k in STUDY_FIELDS} | {"method": m.group(1), "entries": entries}
+
+
+def committed_studies(results: Path) -> list[dict]:
+    """Every folder of results/, in name order."""
+    return [read_study(f) for f in sorted(Path(results).iterdir()) if f.is_dir()] if Path(results).is_dir() else []
+
+
+def study_label(s: dict) -> str:
+    seeds = ", ".join(map(str, s["seeds"])) if isinstance(s["seeds"], list) else s["seeds"]
+    return f"{s['name']} (profile {s['profile']}, seeds {seeds}, commit {s['commit']})"
+
+
+def _verdict(e: dict) -> str:
+    return e["verdict"].split(" (")[0]
+
+
+def _fmt_effect(e: dict) -> str:
+    return f"{e['effect']:+.4f}" + ("" if e["spread"] is None else f" ± {e['spread']:.4f}")
+
+
+def studies_frame(studies: list[dict]) -> pl.DataFrame:
+    """One row per committed study: what it ran, where, and its verdicts (or why it has no ledger)."""
+    def verdicts(s: dict) -> str:
+        return (", ".join(f"{n} {v}" for v, n in sorted(Counter(map(_verdict, s["entries"])).items()))
+                if s["entries"] is not None else f"no ledger: {s['problem']}")
+
+    return pl.DataFrame([{"study": s["name"], "method": s["method"] or "–", "profile": s.get("profile", "–"),
+                          "seeds": len(s["seeds"]) if isinstance(s.get("seeds"), list) else None,
+                          "commit": s.get("commit", "–"), "wall_time_s": s.get("wall_time_s"),
+                          "verdicts (all entries)": verdicts(s)} for s in studies],
+                        schema={"study": pl.String, "method": pl.String, "profile": pl.String, "seeds": pl.Int64,
+                                "commit": pl.String, "wall_time_s": pl.Float64, "verdicts (all entries)": pl.String})
+
+
+def studies_table(results: Path) -> str:
+    """The committed studies as a markdown table (docs/workflow.md)."""
+    return md_table(studies_frame(committed_studies(results)))
+
+
+def decided_table(results: Path) -> str:
+    """What the committed studies decided (README): every claim whose interval excludes 0, with the study that
+    decided it; per-size entries and inconclusive claims are counted below the table, studies without a ledger named."""
+    studies = committed_studies(results)
+    rows = ["| claim | effect ± spread | seeds | verdict | study |", "|---|---|---|---|---|"]
+    notes = []
+    for s in studies:
+        if s["entries"] is None:
+            notes.append(f"{s['name']}: no ledger ({s['problem']})")
+            continue
+        main = [e for e in s["entries"] if "@" not in e["id"]]
+        decided = [e for e in main if _verdict(e) != ledger_rules.INCONCLUSIVE]
+        rows += [f"| {e['claim']} | {_fmt_effect(e)} | {e['n_seeds']} | **{_verdict(e)}** | "
+                 f"{s['name']} |" for e in decided]
+        notes.append(f"{study_label(s)}: {len(decided)} of {len(main)} claims decided, {len(main) - len(decided)} "
+                     f"inconclusive (every entry: results/{s['name']}/{s['ledger']})")
+    return "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
 def evaluation_table(root: Path, names: list[str]) -> pl.DataFrame | None:
     rows = []
     for name in names:
@@ -172,11 +255,19 @@ def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], pl
     verdicts = Counter(e["verdict"].split(" (")[0] for entries in claims.values() if entries for e in entries)
     blocks += [("h2", "Claims ledger"),
                ("p", ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no claims files yet")]
+    studies = committed_studies(root / RESULTS)
+    if studies:
+        blocks += [("p", "Committed studies (results/): the runs with the seeds to decide; each method's section "
+                         "shows their ledgers beside this run's."), ("table", studies_frame(studies))]
     for m in METHODS:
         blocks += [("h3", m.title)]
-        blocks += [("ledger", claims[m.key])] if claims[m.key] else [("p", f"not run ({CLAIMS.format(key=m.key)} absent)")]
+        blocks += ([("p", f"This run: {CLAIMS.format(key=m.key)}"), ("ledger", claims[m.key])] if claims[m.key]
+                   else [("p", f"not run ({CLAIMS.format(key=m.key)} absent)")])
         if claims[m.key]:
             blocks += [("p", f"Rule: {claims[m.key][0]['rule']}")]
+        for s in (s for s in studies if s["method"] == m.key):
+            blocks += [("p", f"Committed study {study_label(s)}: results/{s['name']}/{s['ledger']}, "
+                             f"made by `{s['command']}`"), ("ledger", s["entries"])]
 
     evals = evaluation_table(root, eval_names)
     blocks += [("h2", "Evaluation")]
@@ -218,5 +309,8 @@ def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], pl
     (out / "report.html").write_text(render_html(blocks, "scalelab report"))
     return {"claims": {m.key: (dict(Counter(e["verdict"].split(" (")[0] for e in claims[m.key]))
                                if claims[m.key] else "not run") for m in METHODS},
-            "verdicts": dict(verdicts), "models_evaluated": 0 if evals is None else evals.height,
+            "verdicts": dict(verdicts),
+            "studies": {s["name"]: dict(Counter(map(_verdict, s["entries"]))) if s["entries"] is not None
+                        else "no ledger" for s in studies},
+            "models_evaluated": 0 if evals is None else evals.height,
             "sections_run": [m.key for m in METHODS if (root / m.folder).is_dir()]}

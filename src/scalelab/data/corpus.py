@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from scalelab.config import PrepareConfig
 from scalelab.data import DataError
 from scalelab.data.sources import TABLE_ROWS, iter_documents, source_info
-from scalelab.pipeline.log import Every
+from scalelab.runtime.log import Every
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val")
@@ -173,7 +173,7 @@ def iter_prepared(prepared_dir: str | os.PathLike, split: str, batch_rows: int =
 
 class PreparedTexts:
     """The texts of a prepared split, one by one, read a batch at a time; `len()` is its document count (from the
-    parquet footer), so a consumer can report progress with an ETA (scalelab.pipeline.log.Progress)."""
+    parquet footer), so a consumer can report progress with an ETA (scalelab.runtime.log.Progress)."""
 
     def __init__(self, prepared_dir: str | os.PathLike, split: str, batch_rows: int = TABLE_ROWS) -> None:
         self._n = count_prepared(prepared_dir, split)

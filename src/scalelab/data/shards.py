@@ -19,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from scalelab.data import DataError
-from scalelab.pipeline.log import Every, Progress
+from scalelab.runtime.log import Every, Progress
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from scalelab.data import DataError
 from scalelab.evaluate.lm import EvalLM
-from scalelab.pipeline.log import progress
+from scalelab.runtime.log import progress
 
 log = logging.getLogger(__name__)
 
