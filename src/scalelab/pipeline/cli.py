@@ -53,9 +53,9 @@ def _parser(name: str, fn: Callable) -> argparse.ArgumentParser:
 
 
 def repro(argv: list[str]) -> int:
-    """Build the pipeline: the params check, then the Prefect flow (flows/pipeline.py), which runs independent stages
-    and matrix cells at once, each on its share of the machine; `--plain` runs `dvc repro` instead, one stage at a
-    time. Both leave dvc.lock complete and `dvc status` clean."""
+    """Build the pipeline. The params check first, then the Prefect flow (flows/pipeline.py), which runs independent
+    stages and matrix cells at once, each on its share of the machine; `--plain` runs `dvc repro` instead, one stage
+    at a time. Both leave dvc.lock complete and `dvc status` clean."""
     ap = _parser("repro", repro)
     ap.add_argument("--workers", type=int, help="cells at once (default: one per GPU, else one per core up to 8)")
     ap.add_argument("--target", action="append", dest="targets", help="a stage or matrix cell (repeatable)")
@@ -83,16 +83,17 @@ def repro(argv: list[str]) -> int:
 
 
 def check(argv: list[str]) -> int:
-    """Check params.yaml (YAML, schema, names, every grid cell's model, the machine settings merged in) and the local
-    inputs it names; exit 2 on a params error, 3 on a data error, with one line saying what is wrong."""
+    """Check the params and inputs before DVC touches anything. params.yaml's YAML, schema, names, every grid cell's
+    model, the machine settings merged in, and the local inputs it names; exit 2 on a params error, 3 on a data
+    error, with one line saying what is wrong."""
     from scalelab.pipeline import check as mod
 
     return mod.main(argv)
 
 
 def ui(argv: list[str]) -> int:
-    """Open the MLflow (:5000) and Prefect (:4200) dashboards over the project's stores on 127.0.0.1 and print the
-    saved-view link (scalelab.tracking.ui)."""
+    """Open the MLflow and Prefect dashboards. Both on 127.0.0.1 (ports 5000 and 4200) over the project's stores,
+    with the saved-view link printed (scalelab.tracking.ui)."""
     from scalelab.tracking import ui as mod
 
     sys.argv = ["scalelab ui", *argv]  # its parser reads sys.argv; the name is what its --help shows
@@ -100,8 +101,8 @@ def ui(argv: list[str]) -> int:
 
 
 def report(argv: list[str]) -> int:
-    """Build the report and its claims ledger (the flow with target `report`: it and whatever it needs that is out of
-    date), then say where it is; `--no-build` only says where it is and what it concludes."""
+    """Build the report and its claims ledger. The flow with target `report` (it and whatever it needs that is out of
+    date), then where it is; `--no-build` only says where it is and what it concludes."""
     ap = _parser("report", report)
     ap.add_argument("--no-build", action="store_true", help="do not build; show the report that exists")
     ap.add_argument("--workers", type=int, help="cells at once while building")
@@ -123,9 +124,8 @@ def report(argv: list[str]) -> int:
 
 
 def profile(argv: list[str]) -> int:
-    """Switch the params profile: validate it (with this machine's settings) and copy it over params.yaml, keeping
-    the old one as params.yaml.prev; `--migrate` moves params.yaml's inline machine settings to its machine:
-    section."""
+    """Switch the params profile. Validated with this machine's settings, then copied over params.yaml, the old one
+    kept as params.yaml.prev; `--migrate` moves params.yaml's inline machine settings to its machine: section."""
     from scalelab.pipeline import profile as mod
 
     return mod.main(argv)
@@ -149,13 +149,13 @@ def _remote(command: str, argv: list[str]) -> int:
 
 
 def push(argv: list[str]) -> int:
-    """Push the pipeline's results (DVC's cache of every out) to the DVC remote, so a colleague's `scalelab pull`
-    gets them without recomputing."""
+    """Push the results to the DVC remote. DVC's cache of every out, so a colleague's `scalelab pull` gets them
+    without recomputing."""
     return _remote("push", argv)
 
 
 def pull(argv: list[str]) -> int:
-    """Pull the pipeline's results from the DVC remote: after it, `dvc status` is clean and nothing reruns."""
+    """Pull the results from the DVC remote. After it, `dvc status` is clean and nothing reruns."""
     return _remote("pull", argv)
 
 
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, fn in COMMANDS.items():
-        sub.add_parser(name, help=(fn.__doc__ or "").split(".")[0].replace("\n", " "), add_help=False)
+        sub.add_parser(name, help=" ".join((fn.__doc__ or "").split(". ")[0].split()), add_help=False)  # 1st sentence
     if not argv or argv[0] not in COMMANDS:  # --help, --version, nothing, or a typo: argparse says which
         args = ap.parse_args(argv)
         if args.command is None:
