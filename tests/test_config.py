@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mutants import assert_caught, mutant
+from mutants import assert_caught, mutant, mutation_checks
 
 from scalelab.config import ParamsError, load_params, parse_params
 
@@ -301,3 +301,25 @@ def _lookup(raw: dict, dotted: str):
             return None
         raw = raw[part]
     return raw if raw is not None else "null"
+
+
+@mutant("machine-file-ignored")
+def _(monkeypatch):
+    from scalelab.config import machine
+
+    monkeypatch.setattr(machine, "read_machine", lambda path: {})
+
+
+@mutant("machine-inline-accepted")
+def _(monkeypatch):
+    from scalelab.config import machine
+
+    monkeypatch.setattr(machine, "refuse_inline", lambda raw, source: None)
+
+
+test_the_machine_tests_are_caught = mutation_checks([
+    ("machine-file-ignored",
+     "tests/test_config.py::test_machine_file_beside_params_wins_over_the_profiles_machine_section"),
+    ("machine-inline-accepted", "tests/test_config.py::test_a_machine_setting_inline_in_params_yaml_is_refused_naming"
+                                "_where_it_goes[pretrain.threads]"),
+])
