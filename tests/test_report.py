@@ -98,8 +98,10 @@ def test_the_report_shows_the_committed_studies_beside_this_run(studies):
 
 
 def test_the_readme_table_lists_what_the_studies_decided(studies):
+    from scalelab.analysis.studies import decided_table
+
     root, _ = studies
-    table = report.decided_table(root / "results")
+    table = decided_table(root / "results")
     rows = [r for r in table.splitlines() if r.startswith("| base")]
     assert rows == [f"| base: none is worse than standard | +0.0700 ± {claims.t_interval([0.07, 0.08, 0.06])[2] - 0.07:.4f}"
                     " | 3 | **reproduced** | a-study |"]  # per-size and inconclusive entries are counted, not listed
@@ -194,7 +196,9 @@ def _(monkeypatch):
 
 @mutant("study-contract-unchecked")
 def _(monkeypatch):
-    monkeypatch.setattr(report, "STUDY_FIELDS", tuple(f for f in report.STUDY_FIELDS if f != "seeds"))
+    from scalelab.analysis import studies as contract
+
+    monkeypatch.setattr(contract, "STUDY_FIELDS", tuple(f for f in contract.STUDY_FIELDS if f != "seeds"))
 
 
 test_the_study_checks_catch = mutation_checks([

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scalelab.config import load_params
-from scalelab.analysis import claims_a, report, scaling
+from scalelab.analysis import claims_a, scaling, studies
 
 STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study"
 
@@ -72,10 +72,10 @@ def test_every_committed_study_meets_the_study_contract():
     """A study folder with a study.json is read whole by the report (docs/workflow.md "Committed studies"): its
     fields, its ledger in the claims format, seeds as a list, the method's letter in the ledger's name. Folders still
     without a study.json are listed by the report as "no ledger" and skipped here."""
-    folders = [f for f in sorted(STUDY.parent.iterdir()) if (f / report.STUDY).is_file()]
+    folders = [f for f in sorted(STUDY.parent.iterdir()) if (f / studies.STUDY).is_file()]
     assert STUDY in folders
     for folder in folders:
-        s = report.read_study(folder)
+        s = studies.read_study(folder)
         assert s["problem"] is None, f"{folder.name}: {s['problem']}"
         assert s["name"] == folder.name and isinstance(s["seeds"], list) and s["entries"], folder.name
         assert isinstance(s["wall_time_s"], (int, float)) and re.fullmatch(r"[0-9a-f]{7,40}", s["commit"]), folder.name

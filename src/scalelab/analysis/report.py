@@ -18,7 +18,6 @@ import base64
 import html
 import json
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,8 @@ import polars as pl
 
 from scalelab.analysis import claims as ledger_rules
 from scalelab.analysis import figures
+from scalelab.analysis.studies import committed_studies, studies_frame, study_label, verdict_of
+from scalelab.analysis.tables import html_table, ledger_frame, md_table
 
 
 @dataclass(frozen=True)
@@ -45,44 +46,9 @@ METHODS = (
 )
 CLAIMS = "metrics/claims_{key}.json"
 HD_GAIN = ("plots/hidden_decoding_gain.csv", "n_streams", "gain_tokens")  # the Hidden Decoding summary's plot data
-RESULTS, STUDY = "results", "study.json"
-STUDY_FIELDS = ("name", "profile", "seeds", "commit", "command", "wall_time_s", "ledger")
-LEDGER = re.compile(r"(?:[\w.-]+/)*claims_([a-d])\.json")  # the ledger's file name says its method
-MAX_ROWS = 40  # longer tables are cut in the report (the CSV beside it is whole)
+RESULTS = "results"
 
 Block = tuple[str, Any]  # ("h1"|"h2"|"h3"|"p", text) ("table", DataFrame) ("img", Path) ("ledger", entries)
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def md_table(df: pl.DataFrame) -> str:
-    rows = [[_fmt(v) for v in r] for r in df.head(MAX_ROWS).iter_rows()]
-    out = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    if df.height > MAX_ROWS:
-        out.append(f"\n({df.height - MAX_ROWS} more rows in the CSV)")
-    return "\n".join(out)
-
-
-def html_table(df: pl.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r) + "</tr>"
-                   for r in df.head(MAX_ROWS).iter_rows())
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def ledger_frame(entries: list[dict]) -> pl.DataFrame:
-    return pl.DataFrame([{"claim": e["claim"], "metric": e["metric"],
-                          "effect ± spread": _fmt(e["effect"]) + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
-                          "seeds": e["n_seeds"], "verdict": e["verdict"], "published": e["published"]}
-                         for e in entries], schema={k: pl.String for k in ("claim", "metric", "effect ± spread")}
-                        | {"seeds": pl.Int64, "verdict": pl.String, "published": pl.String})
 
 
 def render_markdown(blocks: list[Block], out_dir: Path) -> str:
@@ -127,80 +93,6 @@ def gather_claims(root: Path) -> dict[str, list[dict] | None]:
         path = root / CLAIMS.format(key=m.key)
         out[m.key] = ledger_rules.read_claims(path) if path.is_file() else None
     return out
-
-
-def read_study(folder: Path) -> dict:
-    """One committed study: its study.json fields, its method (the ledger's letter) and ledger entries. Where the
-    contract is not met, `entries` is None and `problem` says why in one line (the report lists it as such)."""
-    study: dict[str, Any] = {"name": folder.name, "method": None, "entries": None, "problem": None}
-    try:
-        meta = json.loads((folder / STUDY).read_text())
-        if missing := [f for f in STUDY_FIELDS if f not in meta]:
-            raise ValueError(f"{STUDY} lacks {', '.join(missing)}")
-        if not (m := LEDGER.fullmatch(str(meta["ledger"]))):
-            raise ValueError(f"ledger {meta['ledger']!r} is not a path to claims_<a|b|c|d>.json")
-        entries = ledger_rules.read_claims(folder / meta["ledger"])
-    except FileNotFoundError as e:
-        return study | {"problem": f"{os.path.relpath(e.filename, folder)} absent"}
-    except (ValueError, TypeError, KeyError, AttributeError) as e:  # malformed JSON or fields: named, not raised
-        return study | {"problem": str(e).replace(str(folder) + "/", "")}
-    return study | {k: meta[k] for k in STUDY_FIELDS} | {"method": m.group(1), "entries": entries}
-
-
-def committed_studies(results: Path) -> list[dict]:
-    """Every folder of results/, in name order."""
-    return [read_study(f) for f in sorted(Path(results).iterdir()) if f.is_dir()] if Path(results).is_dir() else []
-
-
-def study_label(s: dict) -> str:
-    seeds = ", ".join(map(str, s["seeds"])) if isinstance(s["seeds"], list) else s["seeds"]
-    return f"{s['name']} (profile {s['profile']}, seeds {seeds}, commit {s['commit']})"
-
-
-def _verdict(e: dict) -> str:
-    return e["verdict"].split(" (")[0]
-
-
-def _fmt_effect(e: dict) -> str:
-    return f"{e['effect']:+.4f}" + ("" if e["spread"] is None else f" ± {e['spread']:.4f}")
-
-
-def studies_frame(studies: list[dict]) -> pl.DataFrame:
-    """One row per committed study: what it ran, where, and its verdicts (or why it has no ledger)."""
-    def verdicts(s: dict) -> str:
-        return (", ".join(f"{n} {v}" for v, n in sorted(Counter(map(_verdict, s["entries"])).items()))
-                if s["entries"] is not None else f"no ledger: {s['problem']}")
-
-    return pl.DataFrame([{"study": s["name"], "method": s["method"] or "–", "profile": s.get("profile", "–"),
-                          "seeds": len(s["seeds"]) if isinstance(s.get("seeds"), list) else None,
-                          "commit": s.get("commit", "–"), "wall_time_s": s.get("wall_time_s"),
-                          "verdicts (all entries)": verdicts(s)} for s in studies],
-                        schema={"study": pl.String, "method": pl.String, "profile": pl.String, "seeds": pl.Int64,
-                                "commit": pl.String, "wall_time_s": pl.Float64, "verdicts (all entries)": pl.String})
-
-
-def studies_table(results: Path) -> str:
-    """The committed studies as a markdown table (docs/workflow.md)."""
-    return md_table(studies_frame(committed_studies(results)))
-
-
-def decided_table(results: Path) -> str:
-    """What the committed studies decided (README): every claim whose interval excludes 0, with the study that
-    decided it; per-size entries and inconclusive claims are counted below the table, studies without a ledger named."""
-    studies = committed_studies(results)
-    rows = ["| claim | effect ± spread | seeds | verdict | study |", "|---|---|---|---|---|"]
-    notes = []
-    for s in studies:
-        if s["entries"] is None:
-            notes.append(f"{s['name']}: no ledger ({s['problem']})")
-            continue
-        main = [e for e in s["entries"] if "@" not in e["id"]]
-        decided = [e for e in main if _verdict(e) != ledger_rules.INCONCLUSIVE]
-        rows += [f"| {e['claim']} | {_fmt_effect(e)} | {e['n_seeds']} | **{_verdict(e)}** | "
-                 f"{s['name']} |" for e in decided]
-        notes.append(f"{study_label(s)}: {len(decided)} of {len(main)} claims decided, {len(main) - len(decided)} "
-                     f"inconclusive (every entry: results/{s['name']}/{s['ledger']})")
-    return "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 
 def evaluation_table(root: Path, names: list[str]) -> pl.DataFrame | None:
@@ -310,7 +202,7 @@ def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], pl
     return {"claims": {m.key: (dict(Counter(e["verdict"].split(" (")[0] for e in claims[m.key]))
                                if claims[m.key] else "not run") for m in METHODS},
             "verdicts": dict(verdicts),
-            "studies": {s["name"]: dict(Counter(map(_verdict, s["entries"]))) if s["entries"] is not None
+            "studies": {s["name"]: dict(Counter(map(verdict_of, s["entries"]))) if s["entries"] is not None
                         else "no ledger" for s in studies},
             "models_evaluated": 0 if evals is None else evals.height,
             "sections_run": [m.key for m in METHODS if (root / m.folder).is_dir()]}
