@@ -67,7 +67,8 @@ def config_hash(hd: HiddenDecodingConfig, cell: str, seed: int, steps: int, shar
     files, the data's checksums and the training code. A checkpoint resumes only under the same hash."""
     meta = Path(shards_dir) / "meta.json"
     data = {k: v["sha256"] for k, v in json.loads(meta.read_text())["shards"].items()} if meta.is_file() else None
-    blob = {"model": hd.model(cell).model_dump(mode="json"), "train": hd.train.model_dump(mode="json", exclude=set(MACHINE_KEYS["hidden_decoding.train"])),
+    machine = set(MACHINE_KEYS["hidden_decoding.train"])  # where it runs is no part of the trajectory
+    blob = {"model": hd.model(cell).model_dump(mode="json"), "train": hd.train.model_dump(mode="json", exclude=machine),
             "steps": steps, "seed": seed, "source": hd.source.model_dump(mode="json"),
             "backbone": source_digest(hd.source.location()), "data": data, "code": _code_digest()}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
