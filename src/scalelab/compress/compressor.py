@@ -111,7 +111,7 @@ def compress_model(model: nn.Module, calib: Calibration | Sequence[Batch], metho
         for name in group:
             weight = model.get_submodule(name).weight.detach()
             m, n = weight.shape
-            sigma_w = torch.linalg.svdvals(weight.double())
+            sigma_w = calib.spectrum[name]  # of the uncompressed map, computed once
             before = (effective_rank(sigma_w), participation_ratio(sigma_w))
             k = ranks.get(name)
             if k is None:

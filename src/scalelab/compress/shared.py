@@ -49,6 +49,7 @@ class Calibration:
         self.spill = Path(spill) if spill is not None else None
         self._memory: dict[int, dict[str, Stats]] = {}
         self.whitened: dict[str, torch.Tensor] = {}  # σ(W·S) per map: SVD-LLM's optimum at every rank
+        self.spectrum: dict[str, torch.Tensor] = {}  # σ(W) per map: the effective rank before any scaling
         self.jitter: dict[str, float] = {}
         start, every = time.perf_counter(), Every()
         for i, group in enumerate(self.groups):
@@ -57,6 +58,7 @@ class Calibration:
                 s_white, eps = methods.whitening(stats[name].gram)
                 w = model.get_submodule(name).weight.detach().double()
                 self.whitened[name] = torch.linalg.svdvals(w @ s_white).cpu()
+                self.spectrum[name] = torch.linalg.svdvals(w).cpu()
                 self.jitter[name] = eps
             if self.spill is None:
                 self._memory[i] = stats
