@@ -428,8 +428,8 @@ def _synthetic(params, opt_tokens_equiv, edge=False):
                 for b in budgets:
                     loss = _law(1000 * b) if opt == "adamw" else _law(opt_tokens_equiv[seed])
                     runs.append({"optimizer": opt, "size": size, "seed": seed, "lr": hp["lr"], "hp": hp,
-                                 "budget": b, "tokens": 1000 * b, "val_loss": loss, "diverged": None,
-                                 "params": 10})
+                                 "budget": b, "batch": 1, "tokens": 1000 * b, "val_loss": loss,
+                                 "diverged": None, "params": 10})
     return sub, cells, runs
 
 
@@ -475,6 +475,22 @@ def test_claims_without_a_published_claim_are_observations(params):
     assert len(obs) == 2 and all(e["verdict"].startswith("observation") for e in obs)
     assert all("no published claim" in e["published"] for e in obs)
     assert not any(e["verdict"] == "reproduced" for e in obs)
+
+
+def test_large_batch_claim_pairs_the_gap_at_two_batch_sizes(params):
+    """Semenov et al.'s Lion/Signum claim as its own row: the optimizer's loss gap to the baseline at 4x the batch
+    (same tokens) minus at 1x, per held-out seed; a gap that closes by 0.15 and 0.16 reproduces (n = 2: t = 12.7)."""
+    sub, cells, runs = _synthetic(params, {2: 800.0, 3: 800.0})
+    sub = _bench_params(sub, batch_optimizers=["muon"], batch_factor=4)
+    sub = sub.model_copy(update={"optim": {**sub.optim, "muon": sub.optim["lion"]}})  # muon's key, Lion's name
+    for r in [r for r in runs if r["budget"] == 1.0]:
+        runs.append({**r, "batch": 4, "val_loss": r["val_loss"] + (0.3 if r["optimizer"] == "adamw"
+                                                                   else 0.15 - 0.01 * (r["seed"] - 2))})
+    entries = {e["id"]: e for e in leaderboard.claims(sub, cells, runs)}
+    e = entries["b-semenov-muon-batch-a"]
+    assert e["effect"] == pytest.approx(0.155) and e["n_seeds"] == 2 and e["verdict"] == "reproduced"
+    assert "Lion/Signum need large batches" in e["published"]
+    assert entries["b-obs-muon-a"]["verdict"].startswith("observation")  # Lion vs AdamW at equal batch: no claim
 
 
 def test_step_peak_memory_follows_the_optimizer_state_not_the_run_order():

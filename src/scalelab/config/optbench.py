@@ -15,7 +15,8 @@ every optimizer of `optimizers` (keys of params `optim`) at every size of `sizes
    worst case fits it.
 3. The chosen configuration is rerun with `rerun_seeds` (held out from every choice); the baseline also at every
    `budgets` fraction of the steps, each with its own full schedule (the speed-up's reference curve), and at its
-   default recipe (tuned vs default).
+   default recipe (tuned vs default). Each of `batch_optimizers` and the baseline also run at `batch_factor` × the
+   batch for the same tokens (Semenov et al.: Lion/Signum need large batches), at the LR chosen at the small batch.
 Everything else of a run comes from `pretrain` (batch, sequence, precision, trainer), with the overrides below;
 Schedule-Free optimizers keep only the schedule's warmup (their iterate averaging replaces the decay).
 """
@@ -50,6 +51,8 @@ class OptBenchConfig(Strict):
     sweep_seeds: Annotated[list[NonNegInt], Field(min_length=2)] = [0, 1]  # choose LR and second HPs (mean)
     rerun_seeds: Annotated[list[NonNegInt], Field(min_length=2)] = [2, 3]  # held out from every choice
     budgets: Annotated[list[PosFloat], Field(min_length=4)] = [0.25, 0.5, 1.0, 2.0]  # baseline's data budgets
+    batch_optimizers: list[Name] = []  # also rerun at batch_factor × the batch (same tokens), with the baseline
+    batch_factor: Annotated[int, Field(ge=2)] = 4
     max_steps: PosInt | None = None  # None: pretrain's budget
     val_every: PosInt = 10  # validation points (the secondary mid-run curves plot)
     val_tokens: PosInt | None = None  # None: pretrain.val_tokens
@@ -71,6 +74,8 @@ class OptBenchConfig(Strict):
             values = getattr(self, axis)
             if len(set(values)) != len(values):
                 raise ValueError(f"optimizers.{axis} has duplicates: {values}")
+        if bad := sorted(set(self.batch_optimizers) - set(self.optimizers)):
+            raise ValueError(f"optimizers.batch_optimizers: {bad} not in optimizers.optimizers {self.optimizers}")
         for opt, hps in self.second.items():
             if opt not in self.optimizers:
                 raise ValueError(f"optimizers.second: {opt!r} is not in optimizers.optimizers {self.optimizers}")

@@ -70,15 +70,16 @@ def check_cell(params: Params, optimizer: str, size: str) -> OptBenchConfig:
     return ob
 
 
-def run_params(params: Params, optimizer: str, hp: dict | float, budget: float = 1.0) -> Params:
+def run_params(params: Params, optimizer: str, hp: dict | float, budget: float = 1.0, batch: int = 1) -> Params:
     """`params` with recipe and optim entry RECIPE = `optim.<optimizer>` at the hyperparameters `hp` (a dict, or an
     LR alone), its AdamW side-group's lr scaled by the same factor as the LR (one LR knob per optimizer), for
-    `budget` × the benchmark's steps with its own full schedule, and the benchmark's overrides of `pretrain`.
+    `budget` × the benchmark's tokens with its own full schedule, at `batch` × pretrain's batch (the same tokens in
+    1/batch the steps), and the benchmark's overrides of `pretrain`.
     Schedule-Free optimizers keep the schedule's warmup and no decay: their averaging is the decay. AdEMAMix warms α
     and β3 up over the whole run (Pagliardini et al. 2024: T_α = T_β3 = the run's steps) unless its kwargs say."""
     ob, base = params.optimizers, params.optim[optimizer]
     hp = {"lr": hp} if isinstance(hp, (int, float)) else hp
-    steps = max(1, round(bench_steps(params) * budget))
+    steps = max(1, round(bench_steps(params) * budget / batch))
     factor = hp["lr"] / base.lr
     update: dict = {"lr": hp["lr"], "adamw_lr": base.adamw_lr * factor if base.adamw_lr else None}
     kwargs = dict(base.kwargs)
@@ -103,7 +104,7 @@ def run_params(params: Params, optimizer: str, hp: dict | float, budget: float =
         "val_every": ob.val_every,
         "val_tokens": ob.val_tokens or pre.val_tokens,
         "sharpness": pre.sharpness.model_copy(update={"enabled": False}),  # §A's diagnostic, not this study's
-        "max_steps": steps, "max_tokens": None,
+        "max_steps": steps, "max_tokens": None, "batch_size": pre.batch_size * batch,
     }
     return params.model_copy(update={"optim": {**params.optim, RECIPE: cfg},
                                      "pretrain": pre.model_copy(update=pre_update)})
@@ -138,14 +139,14 @@ class Probe(Callback):
 
 
 def train_run(params: Params, optimizer: str, size: str, hp: dict | float, seed: int, out_dir: Path, shards: Path,
-              stage: str | None, budget: float = 1.0) -> dict:
+              stage: str | None, budget: float = 1.0, batch: int = 1) -> dict:
     """One run of the benchmark (fit on the params copy), or its earlier result under the same config hash.
 
     `stage` names its MLflow child run (None: no tracking)."""
     from scalelab import tracking
 
     hp = normal(params, optimizer, {"lr": hp} if isinstance(hp, (int, float)) else hp)
-    sub = run_params(params, optimizer, hp, budget)
+    sub = run_params(params, optimizer, hp, budget, batch)
     cell = Cell(variant=params.optimizers.variant, size=size, recipe=RECIPE, seed=seed)
     chash = config_hash(sub, cell, shards)
     done = out_dir / "result.json"
@@ -154,7 +155,7 @@ def train_run(params: Params, optimizer: str, size: str, hp: dict | float, seed:
     pre = sub.pretrain
     probe = Probe(pre.batch_size * pre.seq_len)
     result = {"optimizer": optimizer, "size": size, "seed": seed, "lr": hp["lr"], "hp": hp, "budget": budget,
-              "config_hash": chash}
+              "batch": batch, "config_hash": chash}
     logged = {"cell": {**result, "variant": cell.variant}, "optim": sub.optim[RECIPE].model_dump(mode="json"),
               "recipe": sub.pretrain.recipes[RECIPE].model_dump(mode="json")}
 
@@ -286,7 +287,7 @@ def _summary(params: Params, optimizer: str, size: str, runs: list[dict]) -> dic
             "state_bytes_per_param": max((r["state_bytes_per_param"] or 0 for r in runs), default=None)}
 
 
-def sweep_cell(params: Params, optimizer: str, size: str, out_dir: Path, shards: Path, stage: str) -> dict:
+def sweep_cell(params: Params, optimizer: str, size: str, out_dir: Path, shards: Path, stage: str | None) -> dict:
     """The protocol's choice for `optimizer` at `size` (`tune`, every trial over the sweep seeds), then its step time
     against the baseline's and its step's peak memory, each in this process."""
     ob = check_cell(params, optimizer, size)
@@ -295,7 +296,7 @@ def sweep_cell(params: Params, optimizer: str, size: str, out_dir: Path, shards:
     def trial(hp: dict) -> float:
         hp = normal(params, optimizer, hp)
         mine = [train_run(params, optimizer, size, hp, s, out_dir / run_name(hp, s), shards,
-                          f"{stage} {run_name(hp, s)}") for s in ob.sweep_seeds]
+                          stage and f"{stage} {run_name(hp, s)}") for s in ob.sweep_seeds]
         runs.extend(mine)
         return score(mine)
 
@@ -306,36 +307,42 @@ def sweep_cell(params: Params, optimizer: str, size: str, out_dir: Path, shards:
 
 
 def seeds_cell(params: Params, optimizer: str, size: str, sweep: dict, out_dir: Path, shards: Path,
-               stage: str) -> dict:
+               stage: str | None) -> dict:
     """`sweep`: the sweep cell's metrics (`cell_metrics`). Its chosen configuration rerun with `rerun_seeds`; for the
     baseline also at every other data budget (the speed-up's reference curve) and at its default recipe (tuned vs
-    default). Nothing chosen (every run diverged): no reruns."""
+    default), and the large-batch reruns of `batch_optimizers` (and of the baseline when there are any). Nothing
+    chosen (every run diverged): no reruns."""
     ob = check_cell(params, optimizer, size)
     best = sweep["best_hp"]
-    jobs = [(best, s, 1.0) for s in ob.rerun_seeds] if best is not None else []
+    jobs = [(best, s, 1.0, 1) for s in ob.rerun_seeds] if best is not None else []
     if optimizer == ob.baseline and best is not None:
-        jobs += [(best, s, b) for b in ob.budgets if b != 1.0 for s in ob.rerun_seeds]
+        jobs += [(best, s, b, 1) for b in ob.budgets if b != 1.0 for s in ob.rerun_seeds]
         default = normal(params, optimizer, {"lr": params.optim[optimizer].lr})
         if default != normal(params, optimizer, best):
-            jobs += [(default, s, 1.0) for s in ob.rerun_seeds]
+            jobs += [(default, s, 1.0, 1) for s in ob.rerun_seeds]
+    if best is not None and (optimizer in ob.batch_optimizers or (optimizer == ob.baseline and ob.batch_optimizers)):
+        jobs += [(best, s, 1.0, ob.batch_factor) for s in ob.rerun_seeds]
     runs = []
-    for hp, s, b in jobs:
+    for hp, s, b, k in jobs:
         hp = normal(params, optimizer, hp)
-        runs.append(train_run(params, optimizer, size, hp, s, out_dir / run_name(hp, s, b), shards,
-                              f"{stage} {run_name(hp, s, b)}", budget=b))
+        runs.append(train_run(params, optimizer, size, hp, s, out_dir / run_name(hp, s, b, k), shards,
+                              stage and f"{stage} {run_name(hp, s, b, k)}", budget=b, batch=k))
     return {"optimizer": optimizer, "size": size, "best_lr": sweep["best_lr"], "best_hp": best, "runs": runs}
 
 
-CURVE_COLUMNS = ("optimizer", "size", "seed", "lr", "budget", "run", "tokens", "val_loss")
+CURVE_COLUMNS = ("optimizer", "size", "seed", "lr", "budget", "batch", "run", "tokens", "val_loss")
+
+
+def _name(r: dict) -> str:
+    return run_name(r["hp"], r["seed"], r["budget"], r["batch"])
 
 
 def curve_rows(runs: list[dict]) -> list[tuple]:
-    return [(r["optimizer"], r["size"], r["seed"], r["lr"], r.get("budget", 1.0),
-             run_name(r["hp"], r["seed"], r.get("budget", 1.0)), t, v) for r in runs for t, v in r["curve"]]
+    return [(r["optimizer"], r["size"], r["seed"], r["lr"], r["budget"], r["batch"], _name(r), t, v)
+            for r in runs for t, v in r["curve"]]
 
 
 def cell_metrics(cell: dict) -> dict:
     """The cell's JSON for DVC metrics: its summary and each run without its curve (the curves go to the CSV)."""
     return {**{k: v for k, v in cell.items() if k != "runs"},
-            "runs": {run_name(r["hp"], r["seed"], r.get("budget", 1.0)): {k: v for k, v in r.items() if k != "curve"}
-                     for r in cell["runs"]}}
+            "runs": {_name(r): {k: v for k, v in r.items() if k != "curve"} for r in cell["runs"]}}

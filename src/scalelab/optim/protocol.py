@@ -49,11 +49,12 @@ def normal(params: Params, optimizer: str, hp: dict) -> dict:
     return {"lr": hp["lr"], **{k: v for k, v in sorted(hp.items()) if k != "lr" and v != centre(params, optimizer, k)}}
 
 
-def run_name(hp: dict, seed: int, budget: float = 1.0) -> str:
-    """Folder and metrics key of a run: lr<lr>[-<hp><value>…]-s<seed>[-x<budget>]."""
+def run_name(hp: dict, seed: int, budget: float = 1.0, batch: int = 1) -> str:
+    """Folder and metrics key of a run: lr<lr>[-<hp><value>…]-s<seed>[-x<budget>][-b<batch factor>]."""
     parts = [f"lr{lr_key(hp['lr'])}"] + [f"{SHORT.get(k, k.removeprefix('kwargs.'))}{lr_key(v)}"
                                           for k, v in hp.items() if k != "lr"]
-    return "-".join([*parts, f"s{seed}"]) + ("" if budget == 1.0 else f"-x{lr_key(budget)}")
+    return ("-".join([*parts, f"s{seed}"]) + ("" if budget == 1.0 else f"-x{lr_key(budget)}")
+            + ("" if batch == 1 else f"-b{batch}"))
 
 
 def score(runs: list[dict]) -> float:
