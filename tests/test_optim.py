@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from mutants import mutant, mutation_checks
 from torch import nn
 
 from scalelab.config import OptimizerConfig, ScaleConfig, ScheduleConfig
@@ -184,3 +185,33 @@ def test_a_gamma_decay_dose_moves_gamma(micro_params):
         means[mult] = {k: torch.cat(v).mean().item() for k, v in kinds.items() if k.endswith("scale")}
     assert means[100.0]["input_scale"] < means[0.0]["input_scale"] - 0.2, means
     assert means[100.0]["output_scale"] == pytest.approx(means[0.0]["output_scale"], abs=0.05), means
+
+
+# Mutation checks (tests/mutants.py)
+@mutant("kwargs-unchecked")  # the schema passes any optim kwargs key on
+def _(monkeypatch):
+    from scalelab.config import optim
+
+    monkeypatch.setattr(optim, "KWARGS", {})
+
+
+@mutant("scale-dose-ignored")  # decay on γ at the matrices' rate whatever scale_wd_mult says
+def _(monkeypatch):
+    monkeypatch.setattr(OptimizerConfig, "scale_wd_mult", property(lambda self: 1.0))
+
+
+@mutant("schedule-free-side-adamw")  # the γ groups back on a side AdamW under Schedule-Free
+def _(monkeypatch):
+    from scalelab.optim import OPTIMIZERS
+
+    monkeypatch.setitem(OPTIMIZERS, "sf_adamw", OPTIMIZERS["sf_adamw"].__class__(
+        OPTIMIZERS["sf_adamw"].factory, family="schedule-free", library="pytorch-optimizer", schedule_free=False))
+
+
+T = "tests/test_optim.py::"
+test_a_broken_rule_is_caught = mutation_checks([
+    ("kwargs-unchecked", f"{T}test_unknown_optimizer_kwargs_are_rejected_by_the_params_schema_naming_the_key"),
+    ("scale-dose-ignored", f"{T}test_scale_decay_dose_multiplies_the_matrices_rate"),
+    ("scale-dose-ignored", f"{T}test_a_gamma_decay_dose_moves_gamma"),
+    ("schedule-free-side-adamw", f"{T}test_schedule_free_takes_the_scale_vectors_into_its_averaged_optimizer"),
+])

@@ -456,7 +456,7 @@ def test_speedup_outside_the_fitted_range_is_a_bound_never_a_number(params):
     s = leaderboard.summarise(sp["seeds"])
     assert leaderboard.speedup_text(s) == "> 2.00x" and s["low"] is None
     e = {e["id"]: e for e in leaderboard.claims(sub, cells, runs)}["b-wen-muon-leads-a"]
-    assert e["verdict"] == "reproduced"  # the lower bound 2x is above 1
+    assert e["verdict"] == "reproduced" and e["spread"] is None  # the lower bound 2x is above 1; a bound: no spread
     sub, cells, runs = _synthetic(params, {2: 100.0, 3: 150.0})
     assert leaderboard.speedup_text(leaderboard.summarise(
         leaderboard.speedups(cells, runs, sub.optimizers, "muon", "a")["seeds"])) == "< 0.25x"
@@ -556,8 +556,59 @@ def _(monkeypatch):
     monkeypatch.setattr(GaLoreProjector, "project_back", lambda self, grad: grad)
 
 
+@mutant("speedup-extrapolated")  # outside the fitted range: the law's extrapolation, not a bound
+def _(monkeypatch):
+    monkeypatch.setattr(leaderboard, "data_speedup", lambda law, span, loss, tokens: (law.inverse(loss) / tokens, "="))
+
+
+@mutant("speedup-inverted")  # optimizer tokens over baseline tokens
+def _(monkeypatch):
+    real = leaderboard.data_speedup
+    monkeypatch.setattr(leaderboard, "data_speedup",
+                        lambda law, span, loss, tokens: (1 / real(law, span, loss, tokens)[0], "="))
+
+
+@mutant("grid-never-extended")  # an edge optimum stays at the edge
+def _(monkeypatch):
+    real = protocol.tune
+    monkeypatch.setattr(protocol, "tune", lambda params, opt, trial: real(params.model_copy(update={
+        "optimizers": params.optimizers.model_copy(update={"max_extra": 0})}), opt, trial))
+
+
+@mutant("lr-chosen-on-one-seed")  # the first seed's loss, not the mean over the sweep seeds
+def _(monkeypatch):
+    monkeypatch.setattr(protocol, "score", lambda runs: math.inf if runs[0]["diverged"] else runs[0]["val_loss"])
+
+
+@mutant("peak-is-process-rss")  # the process's resident memory, as before issue 19
+def _(monkeypatch):
+    import resource
+
+    monkeypatch.setattr(hooks, "step_peak_bytes", lambda step, device: (step(), resource.getrusage(
+        resource.RUSAGE_SELF).ru_maxrss * 1024)[1])
+
+
+@mutant("edge-ignored")  # an LR at an edge does not make the claim inconclusive
+def _(monkeypatch):
+    monkeypatch.setattr(leaderboard, "_edge", lambda cells, *keys: False)
+
+
+@mutant("observations-decided")  # a row with no published claim gets a verdict
+def _(monkeypatch):
+    real = leaderboard.claims
+    monkeypatch.setattr(leaderboard, "claims", lambda *a: [
+        {**e, "verdict": e["verdict"].removeprefix("observation (").removesuffix(")")} for e in real(*a)])
+
+
 T = "tests/test_optimizers.py::"
 CAUGHT = [
+    ("speedup-extrapolated", f"{T}test_speedup_outside_the_fitted_range_is_a_bound_never_a_number"),
+    ("speedup-inverted", f"{T}test_speedup_from_end_of_run_losses_recovers_a_known_law"),
+    ("grid-never-extended", f"{T}test_protocol_grid_is_odd_with_the_centre_and_extends_past_an_edge"),
+    ("lr-chosen-on-one-seed", f"{T}test_protocol_score_is_the_seed_mean_and_a_diverged_seed_disqualifies"),
+    ("peak-is-process-rss", f"{T}test_step_peak_memory_follows_the_optimizer_state_not_the_run_order"),
+    ("edge-ignored", f"{T}test_speedup_outside_the_fitted_range_is_a_bound_never_a_number"),
+    ("observations-decided", f"{T}test_claims_without_a_published_claim_are_observations"),
     ("muon-noop", f"{T}test_every_registered_optimizer_lowers_the_loss[muon]"),
     ("muon-noop", f"{T}test_muon_update_is_the_orthogonalised_momentum_rms_matched"),
     ("muon-noop", f"{T}test_state_dict_round_trip_continues_identically[muon]"),

@@ -178,7 +178,7 @@ def markdown(df: pl.DataFrame) -> str:
              "|" + "---|" * 11]
     for r in df.iter_rows(named=True):
         loss = f(r["val_loss"], ".4f") + ("" if r["val_loss_sd"] is None else f" ± {r['val_loss_sd']:.4f}")
-        hp = ", ".join(f"{k} {v:.3g}" for k, v in json.loads(r["best_hp"] or "{}").items() if v is not None)
+        hp = ", ".join(f"{k} {v:.3g}" for k, v in (json.loads(r["best_hp"]) or {}).items() if v is not None)
         hp = (hp or "–") + (" (edge)" if r["lr_at_edge"] else "")
         lines.append(f"| {r['size']} | {r['optimizer']} | {r['family']} | {hp} | {loss} (n={r['n_seeds']}) | "
                      f"{r['speedup_text']} | {f(r['step_time_ratio'], '.2f')}x | "
@@ -202,7 +202,10 @@ def _speedup_claim(id: str, text: str, s: dict, edge: bool, published: str) -> d
     if not unusable and s["kind"] in "<>":
         bound = s["speedup"] - 1
         interval = (bound, math.inf) if s["kind"] == ">" else (-math.inf, bound)
-    return interval_claim(id, text, metric, effect, interval, s["n"], rule, published, unusable)
+    e = interval_claim(id, text, metric, effect, interval, s["n"], rule, published, unusable)
+    if interval and math.isinf(interval[0] + interval[1]):  # a bound has no half-width
+        e["spread"] = None
+    return e
 
 
 def claims(params: Params, cells: dict, runs: list[dict]) -> list[dict]:
