@@ -2,7 +2,7 @@
 output-norm γ (wd_out: QK-norm in the base recipe) at `DOSES` × the matrices' rate (optim.adamw.scale_wd_mult), dose 0
 being `standard` (no decay on γ), every arm on the same seeds, batches and init. Per run: final val loss, mean input-
 and output-norm γ, sharpness (top Hessian eigenvalue at the last step); then the paired dose table and the wd_in /
-wd_out claims decided at the lowest dose that moves γ (scalelab.evaluate.claims_a.dose_claims).
+wd_out claims decided at the lowest dose that moves γ (scalelab.analysis.claims_a.dose_claims).
 
     PYTHONPATH=src nice -n 15 python results/gamma-wd-dose/run.py results/gamma-wd-dose/params.yaml SIZE SEEDS...
 
@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from scalelab.config import load_params
-from scalelab.evaluate import claims, claims_a
+from scalelab.analysis import claims, claims_a
 from scalelab.train import Cell, fit
 
 HERE = Path(__file__).resolve().parent

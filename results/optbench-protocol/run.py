@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from scalelab.config import load_params
-from scalelab.evaluate import claims, leaderboard as lb, optbench
+from scalelab.analysis import claims, leaderboard as lb
+from scalelab.train import optbench
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,5 +1,5 @@
 """The optimizer benchmark's tuning protocol (METHODS §B; steps 1-2 of scalelab.config.optbench), free of training:
-`tune` drives a `trial(hp) -> score` callback (scalelab.evaluate.optbench trains it over the sweep seeds), so the
+`tune` drives a `trial(hp) -> score` callback (scalelab.train.optbench trains it over the sweep seeds), so the
 protocol's rules are tested on synthetic losses. Also the runs' names and the hyperparameters' centres and neighbours.
 """
 

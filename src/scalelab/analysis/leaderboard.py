@@ -1,8 +1,8 @@
-"""The optimizer leaderboard and claims of METHODS §B, from the sweep and rerun cells (scalelab.evaluate.optbench).
+"""The optimizer leaderboard and claims of METHODS §B, from the sweep and rerun cells (scalelab.train.optbench).
 
 Speed-up in data (Wen et al. 2025, arXiv 2509.02046), from end-of-run losses only: the baseline (tuned) is trained
 to completion at every `budgets` fraction of the benchmark's tokens, each run with its own full schedule; on each
-held-out seed its final losses are fitted with the saturating power law L(D) = E + A·D^−α (scalelab.evaluate.powerlaw:
+held-out seed its final losses are fitted with the saturating power law L(D) = E + A·D^−α (scalelab.analysis.powerlaw:
 three parameters, dof = budgets − 3). An optimizer's speed-up on that seed is D_base(L_opt) / D_opt: the tokens the
 fitted baseline needs to reach the optimizer's final loss over the tokens the optimizer used. A loss below the fit's
 value at the largest budget is outside the fitted range and gives a bound, "> D_max / D_opt" (above the smallest
@@ -28,8 +28,8 @@ from pathlib import Path
 import polars as pl
 
 from scalelab.config import OptBenchConfig, Params
-from scalelab.evaluate.claims import claim, interval_claim, t_interval
-from scalelab.evaluate.powerlaw import fit_power_law
+from scalelab.analysis.claims import claim, interval_claim, t_interval
+from scalelab.analysis.powerlaw import fit_power_law
 
 WEN = "Wen et al. 2025 (arXiv 2509.02046)"
 SEMENOV = "Semenov et al. 2025 (arXiv 2509.01440)"
