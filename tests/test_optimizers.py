@@ -400,7 +400,7 @@ def test_protocol_schema_rules(params):
         type(ob)(**{**ob.model_dump(), "lr_ratio": 3.0})
     with pytest.raises(ValueError, match="share \\[1\\]"):
         type(ob)(**{**ob.model_dump(), "rerun_seeds": [1, 5]})
-    with pytest.raises(ValueError, match="max_runs 12: the protocol may need 20"):
+    with pytest.raises(ValueError, match="max_runs 12: the protocol may need 18"):
         type(ob)(**{**ob.model_dump(), "second": {"adamw": ["weight_decay", "warmup", "beta2"]}})
 
 
@@ -513,6 +513,30 @@ def test_step_peak_memory_follows_the_optimizer_state_not_the_run_order():
     del big
     assert 8 <= first < 8 * 1.5 and again == first
     assert 4 <= sgd_m < 6 and sgd < 1
+
+
+def test_the_committed_protocol_study_regenerates_from_its_metrics():
+    """results/optbench-protocol: its leaderboard and claims tables are what its committed metrics give, and no best
+    LR at a grid edge goes without the "(edge)" verdict on every claim that uses it."""
+    from conftest import ROOT
+
+    from scalelab.analysis import claims
+
+    root = ROOT / "results/optbench-protocol"
+    study = load_params(root / "params.yaml")
+    cells, runs = leaderboard.load_cells(root / "metrics", study.optimizers)
+    table = leaderboard.table(study, cells, runs)
+    assert leaderboard.markdown(table) + "\n" == (root / "leaderboard.md").read_text()
+    entries = leaderboard.claims(study, cells, runs)
+    assert claims.markdown(entries) + "\n" == (root / "claims_b.md").read_text()
+    base = study.optimizers.baseline
+    for (opt, size), c in cells.items():
+        if not c["lr_at_edge"]:
+            continue
+        for e in entries:  # decided claims (Wen, Semenov) on this optimizer, or on any at this size if it's the baseline
+            decided = e["id"].startswith(("b-wen-", "b-semenov-")) and not e["id"].endswith("-lead-shrinks")
+            if decided and e["id"].endswith(f"-{size}") and (opt == base or f"-{opt}-" in e["id"]):
+                assert e["verdict"] == "inconclusive (edge)", e
 
 
 # Mutation checks (tests/mutants.py): each family's own step broken, and the tests above that must notice.

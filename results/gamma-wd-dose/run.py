@@ -6,7 +6,8 @@ wd_out claims decided at the lowest dose that moves γ (scalelab.analysis.claims
 
     PYTHONPATH=src nice -n 15 python results/gamma-wd-dose/run.py results/gamma-wd-dose/params.yaml SIZE SEEDS...
 
-One process, one thread, no DVC or MLflow; runs go to data/gamma-wd-dose/.
+One process, one thread, no DVC or MLflow; runs go to data/gamma-wd-dose/. Each finished run's row is appended to
+runs.jsonl here at once, and a rerun skips the rows it finds there (the study can be stopped and resumed).
 """
 
 import json
@@ -40,10 +41,14 @@ def main(params_path: str, size: str, seeds: list[int]) -> None:
     torch.set_num_threads(1)
     start, t0 = time.time(), time.perf_counter()
     params = load_params(params_path)
-    rows = []
+    done = HERE / "runs.jsonl"
+    rows = [json.loads(line) for line in done.read_text().splitlines()] if done.is_file() else []
+    have = {(r["arm"], r["dose"], r["size"], r["seed"]) for r in rows}
     arms = [("standard", 0.0)] + [(arm, d) for arm in ("wd_in", "wd_out") for d in DOSES]
     for seed in seeds:
         for arm, dose in arms:
+            if (arm, dose, size, seed) in have:
+                continue
             adamw = params.optim["adamw"].model_copy(update={"scale_wd_mult": dose or 1.0})
             sub = params.model_copy(update={"optim": {**params.optim, "adamw": adamw}})
             probe = GammaMeans()
@@ -53,10 +58,11 @@ def main(params_path: str, size: str, seeds: list[int]) -> None:
                          "gamma_in": probe.means.get("input_scale"), "gamma_out": probe.means.get("output_scale"),
                          "sharpness": m.get("sharpness") if m.get("sharpness_converged", True) else None,
                          "lr_wd_T": adamw.lr * adamw.weight_decay * (dose or 0) * sub.pretrain.total_steps()})
-            print(rows[-1], flush=True)
+            with done.open("a") as f:
+                f.write(json.dumps(rows[-1]) + "\n")
     level = params.scaling.level
     table, entries = claims_a.dose_table(rows, level), claims_a.dose_claims(rows, level=level)
-    (HERE / "runs.json").write_text(json.dumps(rows, indent=1))
+    rows = [r for r in rows if r["size"] == size and r["seed"] in seeds]
     (HERE / "dose_table.json").write_text(json.dumps(table, indent=1))
     claims.write_claims(HERE / "claims.json", entries)
 

@@ -2,8 +2,11 @@
 this one process on one thread (nice'd by the caller), without MLflow, then the leaderboard and the claims, written
 beside this script with the command, commit and wall time.
 
-    PYTHONPATH=src nice -n 15 python results/optbench-protocol/run.py results/optbench-protocol/params.yaml
+    PYTHONPATH=src nice -n 15 python results/optbench-protocol/run.py results/optbench-protocol/params.yaml [SIZE…]
 
+With sizes, only those sizes' cells are trained (sizes are independent: the baseline of each size is its own), and
+their wall time goes to partial-<sizes>.json; without, every cell (finished runs are reused by their config hash),
+then the leaderboard. The committed study ran one process per size at once, then the leaderboard pass.
 The DAG runs the same functions (stages/optimizers.py, stages/leaderboard.py); this script only skips DVC and MLflow
 (their per-cell start-up would be most of the time on these shared cores). Runs go to data/optbench-protocol/.
 """
@@ -23,7 +26,7 @@ from scalelab.train import optbench
 HERE = Path(__file__).resolve().parent
 
 
-def main(params_path: str) -> None:
+def main(params_path: str, only: list[str]) -> None:
     torch.set_num_threads(1)
     start, t0 = time.time(), time.perf_counter()
     params = load_params(params_path)
@@ -33,7 +36,7 @@ def main(params_path: str) -> None:
     cells_wall = {}
     for kind in ("sweep", "seeds"):
         for opt in ob.optimizers:
-            for size in ob.sizes:
+            for size in only or ob.sizes:
                 c0 = time.perf_counter()
                 out = data / kind / f"{opt}-{size}"
                 if kind == "sweep":
@@ -48,6 +51,11 @@ def main(params_path: str) -> None:
                 rows = [optbench.CURVE_COLUMNS, *optbench.curve_rows(cell["runs"])]
                 (plots / kind / f"{opt}-{size}.csv").write_text("".join(",".join(map(str, r)) + "\n" for r in rows))
                 print(f"{kind} {opt}-{size}: {cells_wall[f'{kind}/{opt}-{size}']:.0f} s", flush=True)
+    if only:
+        (HERE / f"partial-{'-'.join(only)}.json").write_text(json.dumps({
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+            "wall_s": time.perf_counter() - t0, "cells_wall_s": cells_wall}, indent=1))
+        return
     cells, runs = lb.load_cells(metrics, ob)
     table = lb.table(params, cells, runs)
     entries = lb.claims(params, cells, runs)
@@ -66,4 +74,4 @@ def main(params_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
