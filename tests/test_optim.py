@@ -197,7 +197,11 @@ def _(monkeypatch):
 
 @mutant("scale-dose-ignored")  # decay on γ at the matrices' rate whatever scale_wd_mult says
 def _(monkeypatch):
-    monkeypatch.setattr(OptimizerConfig, "scale_wd_mult", property(lambda self: 1.0))
+    from scalelab.optim import registry
+
+    real = registry.param_groups
+    monkeypatch.setattr(registry, "param_groups", lambda model, cfg, scale: real(
+        model, cfg.model_copy(update={"scale_wd_mult": 1.0}), scale))
 
 
 @mutant("schedule-free-side-adamw")  # the γ groups back on a side AdamW under Schedule-Free

@@ -43,6 +43,7 @@ def main(params_path: str, size: str, seeds: list[int]) -> None:
     params = load_params(params_path)
     done = HERE / "runs.jsonl"
     rows = [json.loads(line) for line in done.read_text().splitlines()] if done.is_file() else []
+    before = len(rows)
     have = {(r["arm"], r["dose"], r["size"], r["seed"]) for r in rows}
     arms = [("standard", 0.0)] + [(arm, d) for arm in ("wd_in", "wd_out") for d in DOSES]
     for seed in seeds:
@@ -62,13 +63,14 @@ def main(params_path: str, size: str, seeds: list[int]) -> None:
                 f.write(json.dumps(rows[-1]) + "\n")
     level = params.scaling.level
     table, entries = claims_a.dose_table(rows, level), claims_a.dose_claims(rows, level=level)
+    trained = len(rows) - before
     rows = [r for r in rows if r["size"] == size and r["seed"] in seeds]
     (HERE / "dose_table.json").write_text(json.dumps(table, indent=1))
     claims.write_claims(HERE / "claims.json", entries)
 
     def pm(e, k, fmt):
         return "–" if e[k] is None else format(e[k], fmt) + ("" if e[f"{k}_spread"] is None
-                                                              else " ± " + format(e[f"{k}_spread"], fmt))
+                                                              else " ± " + format(e[f"{k}_spread"], fmt[1:]))
 
     lines = ["| decayed γ | dose (× matrices' wd) | λ·η·T | shrinkage of mean γ | loss gain (no decay − dosed) | "
              "sharpness drop (log λ) | seeds |", "|---|---|---|---|---|---|---|"]
@@ -77,6 +79,8 @@ def main(params_path: str, size: str, seeds: list[int]) -> None:
         lines.append(f"| {e['kind']} | {e['dose']:g} | {lwt[e['arm'], e['dose']]:.3g} | {pm(e, 'shrinkage', '+.4f')} | "
                      f"{pm(e, 'loss_gain', '+.4f')} | {pm(e, 'sharpness_drop', '+.3f')} | {e['n_seeds']} |")
     (HERE / "dose_table.md").write_text("\n".join(lines) + "\n\n" + claims.markdown(entries) + "\n")
+    if not trained and (HERE / "run.json").is_file():
+        return  # nothing trained: the tables rewritten from runs.jsonl, the training run's record kept
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     (HERE / "run.json").write_text(json.dumps({
         "command": f"PYTHONPATH=src nice -n 15 python results/gamma-wd-dose/run.py {params_path} {size} "

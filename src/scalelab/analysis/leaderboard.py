@@ -164,7 +164,8 @@ def table(params: Params, cells: dict, runs: list[dict]) -> pl.DataFrame:
             "speedup_text": speedup_text(s), "fit_dof": sp["dof"],
             "step_time_ratio": c["step_time_ratio"], "state_bytes_per_param": c["state_bytes_per_param"],
             "step_peak_mb": c["step_peak_mb"], "step_peak_bytes_per_param": c["step_peak_bytes_per_param"],
-            "published": PUBLISHED.get(params.optim[opt].name, OBSERVATION),
+            "published": "baseline (the fitted reference curve)" if opt == ob.baseline
+            else PUBLISHED.get(params.optim[opt].name, OBSERVATION),
         })
     return pl.DataFrame(rows).sort(["size", "val_loss"], nulls_last=True)
 
