@@ -66,7 +66,7 @@ def main(params_path: str, size: str, seeds: list[int]) -> None:
     trained = len(rows) - before
     rows = [r for r in rows if r["size"] == size and r["seed"] in seeds]
     (HERE / "dose_table.json").write_text(json.dumps(table, indent=1))
-    claims.write_claims(HERE / "claims.json", entries)
+    claims.write_claims(HERE / "claims_a.json", entries)
 
     def pm(e, k, fmt):
         return "–" if e[k] is None else format(e[k], fmt) + ("" if e[f"{k}_spread"] is None
