@@ -580,14 +580,19 @@ def test_import_model_refuses_a_missing_wheel_with_the_install_line(monkeypatch)
 def test_import_model_stage_exits_with_one_line_when_the_wheel_is_missing(tmp_path, capsys, monkeypatch):
     import importlib.util
     import runpy
+    import sys
 
     from scalelab.pipeline.stage import EXIT_DATA
 
     from conftest import MICRO
 
+    import yaml
+
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "params.yaml").write_text(MICRO.read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(yaml.safe_load(MICRO.read_text())
+                                                         | {"import_models": ["smollm2-135m-instruct"]}))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(sys, "argv", ["stages/import_model.py", "smollm2-135m-instruct"])
     stage = runpy.run_path(str(Path(__file__).resolve().parents[1] / "stages/import_model.py"))
     assert stage["stage_main"](stage["main"], "params.yaml", name="import_model") == EXIT_DATA
     err = capsys.readouterr().err.strip().splitlines()

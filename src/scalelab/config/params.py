@@ -39,6 +39,8 @@ class Params(Strict):
     hidden_decoding: HiddenDecodingConfig | None = None  # METHODS §C
     compress: CompressConfig | None = None  # METHODS §D
     optimizers: OptBenchConfig | None = None  # METHODS §B: the optimizer benchmark (config/optbench.py)
+    # Packaged pretrained LMs to import offline (stage import_model, one cell each: models/<name>; scalelab.model.gguf)
+    import_models: list[Name] = []
 
     @model_validator(mode="after")
     def _cross_check(self) -> "Params":
