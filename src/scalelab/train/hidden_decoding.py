@@ -28,6 +28,7 @@ import lightning as L
 
 from scalelab.compress.data import from_text
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ScaleConfig
+from scalelab.config.machine import MACHINE_KEYS
 from scalelab.data import DataError, atomic_dir, check_windows, open_shards, write_json_atomic
 from scalelab.data.loader import Shards
 from scalelab.model.hf import load_hf_tokenizer
@@ -106,7 +107,8 @@ def load_corpus(hd: HiddenDecodingConfig, shards_dir: str | Path, prepared_dir: 
 def config_hash(hd: HiddenDecodingConfig, cell: str, seed: int, steps: int, corpus: Corpus) -> str:
     """Everything that fixes a cell's trajectory: its model, the train section, its budget, the seed, the backbone's
     files, the data's identity and the training code. A checkpoint resumes only under the same hash."""
-    blob = {"model": hd.model(cell).model_dump(mode="json"), "train": hd.train.model_dump(mode="json"),
+    machine = set(MACHINE_KEYS["hidden_decoding.train"])  # where it runs is no part of the trajectory
+    blob = {"model": hd.model(cell).model_dump(mode="json"), "train": hd.train.model_dump(mode="json", exclude=machine),
             "steps": steps, "seed": seed, "source": hd.source.model_dump(mode="json"),
             "backbone": source_digest(hd.source.location()), "data": corpus.digest, "code": _code_digest()}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
