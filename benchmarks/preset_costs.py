@@ -89,7 +89,7 @@ def thin_svd_flops(m: int, n: int) -> float:
 
 
 def pretrain_rows(name: str, params) -> list[dict]:
-    from scalelab.evaluate.scaling import grid_cells
+    from scalelab.analysis.scaling import grid_cells
     from scalelab.model import Transformer
 
     pre, rows = params.pretrain, []
