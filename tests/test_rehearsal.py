@@ -14,6 +14,8 @@ import copy
 import importlib
 import importlib.util
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -132,7 +134,7 @@ def test_pretrain_preset_compiles_and_trains_in_bf16(tmp_path, shards, monkeypat
     assert abs(scored["val_loss"] - metrics["val_loss"]) < 0.05  # bf16 weights here, bf16-mixed in training
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_pretrain_preset_runs_as_ddp_on_two_gloo_processes(tmp_path, shards):
     """gpu-0.12b's strategy (ddp) with 2 CPU processes through the CLI that Lightning's launcher re-executes, with
     the preset's compile and bf16-mixed: both ranks train the same steps and rank 0 writes the model."""
@@ -143,11 +145,15 @@ def test_pretrain_preset_runs_as_ddp_on_two_gloo_processes(tmp_path, shards):
     cmd = [sys.executable, "-m", "scalelab.train.fit", "--params", str(tmp_path / "ddp.yaml"), "--variant",
            cell.variant, "--size", cell.size, "--recipe", cell.recipe, "--seed", "0", "--out", str(tmp_path / "two"),
            "--shards", str(shards)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=380)
+    with socket.socket() as s:  # the rendezvous port, chosen by binding port 0 (not Lightning's guess, which collided)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=860, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     two = json.loads(res.stdout.strip().splitlines()[-1])
     assert two["steps"] == 4 and torch.isfinite(torch.tensor(two["val_loss"]))
-    assert "gloo" in res.stderr.lower() or "distributed_backend=gloo" in res.stderr.lower(), res.stderr[-2000:]
+    assert two["peak_flops"] == 2 * raw["pretrain"]["peak_flops"]  # the MFU denominator counts both devices
     assert json.loads((tmp_path / "two/model/metrics.json").read_text())["val_loss"] == two["val_loss"]
 
 
@@ -272,8 +278,8 @@ def test_hidden_decoding_preset_cells_train_with_its_stream_settings(tmp_path, m
         want = hd.model(cell)
         saved = json.loads((tmp_path / cell / "model/hidden_decoding.json").read_text())
         assert saved["model"] == want.model_dump(mode="json"), cell  # every stream setting, as the preset says
-        assert saved["mixing_layers"] == sorted(want.mixing(8))
-        assert metrics["mixing_layers"] == sorted(want.mixing(8)) and metrics["n_streams"] == want.n_streams
+        mixing = sorted(want.mixing(8)) if want.n_streams > 1 else []  # one stream has nothing to mix
+        assert saved["mixing_layers"] == metrics["mixing_layers"] == mixing and metrics["n_streams"] == want.n_streams
         seen = probe.seen[0]
         assert seen["autocast"] and seen["autocast_dtype"] == torch.bfloat16 and seen["matmul_dtype"] == torch.bfloat16
         lm = load_lm(tmp_path / cell / "model", cell, tokenizer_fallback=tok)
