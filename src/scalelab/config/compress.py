@@ -103,8 +103,8 @@ class CompressConfig(Strict):
     source: ModelSource = ModelSource(cell="unified-m-base-0")
     # dvc.yaml cannot branch on cell/path, so the folder DVC tracks is spelled out; must be source's own folder.
     source_dep: str = "data/pretrain/unified-m-base-0/model/hf"
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
-    threads: NonNegInt = 0  # torch intra-op threads on CPU; 0 leaves torch's default
+    device: Literal["cpu", "cuda", "auto"] = "cpu"  # machine setting (config/machine.py): machine.yaml, not a param
+    threads: NonNegInt = 0  # machine setting: torch intra-op threads on CPU; 0 leaves torch's default
     methods: dict[str, MethodConfig]
     sigmascale: SigmaScaleConfig = SigmaScaleConfig()
     calibration: CalibrationConfig = CalibrationConfig()

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 
 import lightning as L
 
-from scalelab.pipeline import placement
+from scalelab.runtime import placement
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ScaleConfig
+from scalelab.config.machine import MACHINE_KEYS
 from scalelab.data import DataError, atomic_dir, check_windows, open_shards, write_json_atomic
 from scalelab.model.hf import load_hf_tokenizer
 from scalelab.model.hidden_decoding import HiddenDecodingLM, flops_per_token
@@ -66,7 +67,8 @@ def config_hash(hd: HiddenDecodingConfig, cell: str, seed: int, steps: int, shar
     files, the data's checksums and the training code. A checkpoint resumes only under the same hash."""
     meta = Path(shards_dir) / "meta.json"
     data = {k: v["sha256"] for k, v in json.loads(meta.read_text())["shards"].items()} if meta.is_file() else None
-    blob = {"model": hd.model(cell).model_dump(mode="json"), "train": hd.train.model_dump(mode="json"),
+    machine = set(MACHINE_KEYS["hidden_decoding.train"])  # where it runs is no part of the trajectory
+    blob = {"model": hd.model(cell).model_dump(mode="json"), "train": hd.train.model_dump(mode="json", exclude=machine),
             "steps": steps, "seed": seed, "source": hd.source.model_dump(mode="json"),
             "backbone": source_digest(hd.source.location()), "data": data, "code": _code_digest()}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
