@@ -34,7 +34,11 @@ MICRO_DIMS = {"n_layer": 2, "d_model": 32, "n_head": 2, "n_kv_head": 2, "d_ff": 
 
 
 def preset(name: str) -> dict:
-    return yaml.safe_load(PRESETS[name].read_text())
+    """The preset file with its `machine:` section (its devices, compile, ...) merged into the sections, as
+    `parse_params` does (scalelab.config.machine): the micro versions override those settings inline."""
+    from scalelab.config import machine
+
+    return machine.resolve(yaml.safe_load(PRESETS[name].read_text()), str(PRESETS[name]))
 
 
 def micro(raw: dict, *, devices: int = 1) -> dict:
