@@ -134,9 +134,6 @@ class HDTrainConfig(Strict):
 class HDClaimsConfig(Strict):
     sfa_fraction: Fraction = 0.8  # "SFA keeps this fraction of full attention's gain over n = 1 at equal n"
     level: Fraction = 0.95  # of the t interval behind every verdict
-    # Deprecated, unused: the former claim "SFA within this many nats of full" passed whatever SFA did when every
-    # effect was smaller than the margin. Still accepted so the configs that set it load; sfa_fraction replaces it.
-    sfa_margin: PosFloat | None = None
 
 
 class HiddenDecodingConfig(Strict):
