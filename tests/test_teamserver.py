@@ -99,22 +99,17 @@ def test_a_missing_postgres_is_one_line(monkeypatch, tmp_path):
         teamserver.pg_bin("initdb")
 
 
-def _popen_without(flag: str, arity: int):
+@mutant("team-no-serve-artifacts")
+def _(monkeypatch):  # the server not proxying artifacts (MLflow's default is to serve them): clients write to a path
     real = subprocess.Popen
 
     def popen(cmd, *args, **kwargs):
-        if flag in cmd:
-            i = cmd.index(flag)
-            cmd = cmd[:i] + cmd[i + 1 + arity:]
+        if "--serve-artifacts" in cmd:
+            i = cmd.index("--artifacts-destination")
+            cmd = [c for c in cmd[:i] + cmd[i + 2:] if c != "--serve-artifacts"] + ["--no-serve-artifacts"]
         return real(cmd, *args, **kwargs)
 
-    return popen
-
-
-@mutant("team-no-serve-artifacts")
-def _(monkeypatch):  # the server without --serve-artifacts: clients write artifacts to a path of their own
-    monkeypatch.setattr(teamserver, "subprocess", SimpleNamespace(**{**vars(subprocess),
-                                                                     "Popen": _popen_without("--serve-artifacts", 0)}))
+    monkeypatch.setattr(teamserver, "subprocess", SimpleNamespace(**{**vars(subprocess), "Popen": popen}))
 
 
 @mutant("team-sqlite-backend")
