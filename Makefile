@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 # GPU on GPU nodes), each on its share of the cores; WORKERS=N sets how many. Plain `$(BIN)/dvc repro` builds the
 # same results one stage at a time; either leaves dvc.lock complete and `dvc status` clean.
 repro: setup
-	$(BIN)/python -m scalelab.check  # params and inputs first: a typo fails here, before DVC deletes any outs
+	$(BIN)/python -m scalelab.pipeline.check  # params and inputs first: a typo fails here, before DVC deletes any outs
 	$(BIN)/python flows/pipeline.py $(if $(WORKERS),--workers $(WORKERS))
 
 test: setup
@@ -52,7 +52,7 @@ serve: setup
 
 # Both dashboards on 127.0.0.1 over the project's stores (MLflow :5000, Prefect :4200); prints the saved-view link.
 ui: setup
-	$(BIN)/python -m scalelab.ui
+	$(BIN)/python -m scalelab.tracking.ui
 
 ui-mlflow: setup
 	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri $(MLFLOW_TRACKING_URI)
@@ -62,7 +62,7 @@ ui-prefect: setup
 
 # Switch profile: make profile P=configs/cpu-study.yaml (validated first; the old params.yaml is kept as .prev)
 profile: setup
-	$(BIN)/python -m scalelab.profile $(P)
+	$(BIN)/python -m scalelab.pipeline.profile $(P)
 
 # Results through the DVC remote (default: .dvc/config's `local`, ~/.cache/scalelab/dvc-remote; R=NAME picks another)
 .PHONY: push pull team-server

@@ -2,7 +2,7 @@
 
 In a temporary copy of the code with the micro profile (tests/micro_params.yaml), the data stages are built once,
 then several pretrain cells run one at a time through `dvc repro --single-item`, the way the pipeline runs them,
-alternately cold (a fresh Python process) and warm (handed to a scalelab.warm server, as the pipeline flow does):
+alternately cold (a fresh Python process) and warm (handed to a scalelab.pipeline.warm server, as the pipeline flow does):
 
 - overhead = the cell's wall time minus its `fit` time (`wall_s` in its metrics): process start, imports, DVC's
   bookkeeping, MLflow run creation, the export after training. Median over the cells; goal <= 2.5 s.
@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from workspace import workspace_copy  # noqa: E402  (the tests' copy of the code in a fresh git repo)
 
-from scalelab.warm import WARM_ENV, server  # noqa: E402
+from scalelab.pipeline.warm import WARM_ENV, server  # noqa: E402
 
 DVC = [sys.executable, "-m", "dvc"]
-FLOW_DVC = [sys.executable, "-m", "scalelab.dvcrun"]  # DVC as the flow runs it (a fast dvc.lock read)
+FLOW_DVC = [sys.executable, "-m", "scalelab.pipeline.dvcrun"]  # DVC as the flow runs it (a fast dvc.lock read)
 IMPORTS = "import scalelab.train, scalelab.tracking, scalelab.model.export"
 
 
@@ -107,7 +107,7 @@ def main() -> None:
                 mode = "warm" if ready and i % 2 else "cold"
                 rows.append((stage, mode, cell(ws, {**env, **(warm_env if mode == "warm" else {})}, stage)))
         # A warm stage's process is the server's child, not ours: the server reports its CPU seconds.
-        forked = dict(re.findall(r"scalelab.warm: (\S+): exit 0, ([\d.]+) CPU s", "\n".join(report)))
+        forked = dict(re.findall(r"scalelab.pipeline.warm: (\S+): exit 0, ([\d.]+) CPU s", "\n".join(report)))
         for stage, mode, r in rows:
             if mode == "warm" and r["cpu"] is not None:
                 r["cpu"] = r["cpu"] + float(forked[stage]) if stage in forked else None
@@ -138,7 +138,7 @@ def main() -> None:
                   + " ".join(f"{medians[mode].get(k, nan):{w}.2f}" for k, w in (("overhead", 9), ("strict", 7),
                                                                                   ("cpu", 7))))
     print("(overhead: wall minus fit; strict: wall minus the training loop; cpu: the cell's CPU seconds outside fit,"
-          "\n what its overhead takes on idle cores; warm: started by the flow's warm server, scalelab.warm)")
+          "\n what its overhead takes on idle cores; warm: started by the flow's warm server, scalelab.pipeline.warm)")
     print("\nbreakdown (medians)")
     print(f"  python start                      {python_s:6.2f} s")
     print(f"  pretrain stage imports, lean      {lean_s:6.2f} s")

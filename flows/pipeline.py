@@ -28,8 +28,8 @@ Stopping: SIGTERM or Ctrl-C stops the running stages, starts nothing more, and e
 temporary Prefect server with the flow (`main`, `wait_all`). Nothing of the flow holds state a kill -9 could corrupt
 for its rerun (tests/test_crash.py, benchmarks/flow_crash.py).
 
-Placement: at most `--workers` cells run at once, each on its share of the machine (scalelab.placement: cores /
-workers threads; one GPU each on GPU nodes). On CPU nodes stage processes start warm (scalelab.warm: forked from a
+Placement: at most `--workers` cells run at once, each on its share of the machine (scalelab.pipeline.placement: cores /
+workers threads; one GPU each on GPU nodes). On CPU nodes stage processes start warm (scalelab.pipeline.warm: forked from a
 server that has done the imports). A stage `dvc status` reported up to date, none of whose upstream stages
 ran in this flow, finishes at once as "up to date" without a subprocess: a second run reruns nothing and still shows
 every stage it checked. The flow opens the MLflow parent run that the stages' child runs nest under, and ends with a
@@ -62,7 +62,8 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from scalelab import placement, profile, tracking, warm
+from scalelab.pipeline import placement, profile, warm
+from scalelab import tracking
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # flows/ (imported by path in tests)
 import runners  # noqa: E402
@@ -78,7 +79,7 @@ RAN = ("ran", "restored from cache")
 # DVC's messages when another process holds a lock it needs (dvc.rwlock, dvc.lock): retried, not a failure
 LOCK_ERRORS = ("is busy, it is being blocked by", "Unable to acquire lock")
 LOCK_PATIENCE_S = 900
-# A stage's own exit codes for bad input (scalelab.stage): the same params, data or hyperparameters fail the same way
+# A stage's own exit codes for bad input (scalelab.pipeline.stage): the same params, data or hyperparameters fail the same way
 # again, so a retry only delays the error (issue 21: a data error ran three times over ~19 minutes). Crashes (1, a
 # signal) and lock contention stay retried. DVC reports the command's code as "failed to run: <cmd>, exited with N"
 # (dvc.stage.exceptions.StageCmdFailedError) and itself exits 255: the task reads the stage's code from that line.
@@ -86,12 +87,12 @@ DETERMINISTIC = {2: "params error", 3: "data error", 4: "non-finite loss"}
 STAGE_EXIT = re.compile(r"failed to run: .*, exited with (-?\d+)")
 # An interrupted flow (SIGTERM, Ctrl-C) stops its stages: Prefect cancels only tasks not yet started, and the thread
 # pool runs every queued task before the process can exit, so without this the flow went on submitting cells.
-# The state lives in scalelab.placement: Dask and Ray pickle this module's functions by value, and a lock cannot be.
+# The state lives in scalelab.pipeline.placement: Dask and Ray pickle this module's functions by value, and a lock cannot be.
 
 
 def stop_stages() -> None:
     """No stage starts after this; each running one gets SIGTERM in its process group (DVC, the stage, and through
-    scalelab.warm a warm-started stage's child): training keeps its last checkpoint and DVC its locks' consistency."""
+    scalelab.pipeline.warm a warm-started stage's child): training keeps its last checkpoint and DVC its locks' consistency."""
     placement.STOP.set()
     with placement.LIVE_LOCK:
         for proc in placement.LIVE:
@@ -182,11 +183,11 @@ def run_stage(stage: str, root: str, env: dict[str, str], changed: bool, upstrea
 
 
 def repro(stage: str, root: Path, extra_env: dict[str, str], logger) -> str:
-    """`dvc --wait-for-lock repro --single-item <stage>` (through scalelab.dvcrun: dvc.lock read fast) with its output
+    """`dvc --wait-for-lock repro --single-item <stage>` (through scalelab.pipeline.dvcrun: dvc.lock read fast) with its output
     in the log; retried while it only met a lock another process holds."""
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` in cmds: this venv
-    cmd = [sys.executable, "-m", "scalelab.dvcrun", "--wait-for-lock", "repro", "--single-item", stage]
+    cmd = [sys.executable, "-m", "scalelab.pipeline.dvcrun", "--wait-for-lock", "repro", "--single-item", stage]
     deadline = time.monotonic() + LOCK_PATIENCE_S
     for attempt in itertools.count(1):
         returncode, outcome, tail = _stream(cmd, root, env, stage, logger)
@@ -293,7 +294,7 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     if params_file and Path(params_file).resolve() != (root / "params.yaml").resolve():
         profile.switch(Path(params_file), root / "params.yaml")
         logger.info(f"params.yaml <- {params_file}")
-    # Params are checked before any stage touches its outs by the DAG's head stage `validate` (scalelab.check),
+    # Params are checked before any stage touches its outs by the DAG's head stage `validate` (scalelab.pipeline.check),
     # which every stage depends on: when it fails, every other task ends NotReady.
     graph = stage_graph(root)
     order, changed = select(graph, targets, downstream), changed_stages(root)
@@ -305,7 +306,7 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     where = f"{workers} at once on this machine" if local else f"on {type(runner).__name__} workers"
     logger.info(f"{len(order)} stages, {where}: {', '.join(order)}")
     tags = {"prefect.flow_run_id": flow_run.id, "scalelab.targets": " ".join(targets or ["all"])}
-    # Stage processes start warm on this machine's CPUs (scalelab.warm); not on GPUs: CUDA does not survive a fork
+    # Stage processes start warm on this machine's CPUs (scalelab.pipeline.warm); not on GPUs: CUDA does not survive a fork
     to_run = changed is None or bool(changed & set(order))  # else every task finishes at once, "up to date"
     warm_start = local and to_run and not placement.local_gpus() and os.environ.get(warm.WARM_ENV) != "0"
     try:

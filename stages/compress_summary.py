@@ -11,7 +11,7 @@ from pathlib import Path
 
 from scalelab.config import Params, ParamsError
 from scalelab.data import DataError
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def main(params: Params) -> None:
@@ -29,7 +29,7 @@ def main(params: Params) -> None:
     from scalelab import tracking
     from scalelab.compress import summary
     from scalelab.data import atomic_dir, write_json_atomic
-    from scalelab.evaluate import claims
+    from scalelab.analysis import claims
 
     cells = [json.loads((Path("metrics/compress") / f"{n}.json").read_text()) for n in names.values()]
     layers = {key: json.loads((Path("plots/compress") / f"{n}.json").read_text()) for key, n in names.items()}

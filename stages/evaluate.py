@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from scalelab.config import CELL_EXPORT, Params, ParamsError
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def target(params: Params, args: argparse.Namespace) -> tuple[str, str, str, dict | None]:
@@ -42,7 +42,9 @@ def run(params: Params, args: argparse.Namespace) -> None:
     name, path, dtype, cell = target(params, args)
     cfg = params.evaluate
 
-    from scalelab import dashboard, placement, tracking
+    from scalelab.tracking import dashboard
+    from scalelab.pipeline import placement
+    from scalelab import tracking
     from scalelab.data import write_json_atomic
     from scalelab.evaluate import suite
     from scalelab.evaluate.lm import load_lm

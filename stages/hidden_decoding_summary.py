@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from scalelab.config import Params, ParamsError
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def main(params: Params) -> None:
@@ -19,8 +19,8 @@ def main(params: Params) -> None:
 
     from scalelab import tracking
     from scalelab.data import DataError, atomic_dir, write_json_atomic
-    from scalelab.evaluate import claims as ledger
-    from scalelab.evaluate import hidden_decoding as hdr
+    from scalelab.analysis import claims as ledger
+    from scalelab.analysis import hidden_decoding as hdr
 
     out = Path("data/hidden_decoding_summary")
     logged = {"grid": hd.grid, "seeds": hd.seeds, "cells": {c: hd.cells[c].model_dump(mode="json") for c in hd.grid},

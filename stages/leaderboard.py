@@ -10,16 +10,16 @@ import sys
 from pathlib import Path
 
 from scalelab.config import Params
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def main(params: Params) -> None:
-    from scalelab.evaluate import optbench
+    from scalelab.train import optbench
 
     ob = optbench.bench(params)  # the section checked before any work
     from scalelab import tracking
     from scalelab.data import atomic_dir, write_json_atomic
-    from scalelab.evaluate import claims, leaderboard as lb
+    from scalelab.analysis import claims, leaderboard as lb
 
     out, metrics = Path("data/optimizers/leaderboard"), Path("metrics/optimizers")
     with tracking.stage_run("leaderboard", params={"optimizers": ob.model_dump(mode="json")},

@@ -5,7 +5,7 @@
 
 A cell is an optimizer's whole sweep at one size, not a single run: a process costs ~2-9 s before it trains
 (imports, DVC, MLflow) against ~2-6 s per run at the default profile, and one process per sweep also times the
-optimizer's steps interleaved with the baseline's (scalelab.evaluate.optbench.step_time_ratio).
+optimizer's steps interleaved with the baseline's (scalelab.train.optbench.step_time_ratio).
 Outs (<stage> = sweep or seeds): data/optimizers/<stage>/<optimizer>-<size>/ (persistent: one folder per run with
 its checkpoint and result.json, reused or resumed by a rerun), metrics/optimizers/<stage>/<optimizer>-<size>.json,
 plots/optimizers/<stage>/<optimizer>-<size>.csv (validation curves).
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from scalelab.config import Params, ParamsError
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def main(params: Params, args: argparse.Namespace) -> None:
@@ -30,7 +30,7 @@ def main(params: Params, args: argparse.Namespace) -> None:
     params.optimizers.check_cell(args.optimizer, args.size)  # names first, before the trainer's imports
     from scalelab import tracking
     from scalelab.data import write_json_atomic
-    from scalelab.evaluate import optbench
+    from scalelab.train import optbench
 
     kind, name = ("seeds" if args.seeds else "sweep"), f"{args.optimizer}-{args.size}"
     stage = f"optimizers{'_seeds' if args.seeds else ''}@{name}"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from scalelab.config import Params
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def main(params: Params) -> None:

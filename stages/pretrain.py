@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from scalelab.config import Params, ParamsError
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def train(params: Params, args: argparse.Namespace) -> None:

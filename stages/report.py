@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from scalelab.config import Params
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 OUT, CURVES = Path("data/report"), Path("plots/report/val_loss_curves.csv")
 
@@ -18,7 +18,7 @@ OUT, CURVES = Path("data/report"), Path("plots/report/val_loss_curves.csv")
 def main(params: Params) -> None:
     from scalelab import tracking
     from scalelab.data import atomic_dir, write_json_atomic
-    from scalelab.evaluate import report
+    from scalelab.analysis import report
 
     g, ev = params.pretrain.grid, params.evaluate
     cells = [{"name": f"{v}-{s}-base-{seed}", "variant": v, "size": s, "seed": seed}

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from scalelab.config import Params
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def main(params: Params) -> None:
@@ -17,7 +17,7 @@ def main(params: Params) -> None:
 
     from scalelab import tracking
     from scalelab.data import atomic_dir, write_json_atomic
-    from scalelab.evaluate import claims, claims_a, scaling
+    from scalelab.analysis import claims, claims_a, scaling
 
     out = Path("data/scaling")
     logged = {"scaling": params.scaling.model_dump(mode="json"), "grid": params.pretrain.grid.model_dump(mode="json")}

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from scalelab.config import Params
-from scalelab.stage import stage_main
+from scalelab.pipeline.stage import stage_main
 
 
 def main(params: Params) -> None:

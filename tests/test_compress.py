@@ -441,7 +441,7 @@ def test_bad_compress_params_are_named():
 def test_summary_claims_follow_the_measured_differences(tmp_path):
     from scalelab.compress import summary
     from scalelab.config import CompressConfig
-    from scalelab.evaluate import claims
+    from scalelab.analysis import claims
 
     nll = {"svd_llm": 4.0, "sigmascale": 4.1, "fwsvd": 4.2, "asvd": 4.3, "svd": 4.5, "svd_llm_e2e": 4.05}
     cells, layers = [], {}

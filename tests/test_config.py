@@ -105,9 +105,9 @@ def test_missing_file_is_clear(tmp_path):
 
 @pytest.mark.parametrize("bad", ["unknown-key", "yaml-syntax", "missing"])
 def test_an_invalid_profile_switch_leaves_params_yaml_and_its_prev_untouched(tmp_path, monkeypatch, capsys, bad):
-    """`python -m scalelab.profile bad.yaml` refuses with a one-line error naming the problem, and params.yaml and
+    """`python -m scalelab.pipeline.profile bad.yaml` refuses with a one-line error naming the problem, and params.yaml and
     params.yaml.prev keep their bytes (nothing lost); a valid profile then switches, keeping the old one as .prev."""
-    from scalelab import profile
+    from scalelab.pipeline import profile
 
     monkeypatch.chdir(tmp_path)
     current, prev = ROOT / "tests" / "micro_params.yaml", b"# the profile before the current one\n"
@@ -134,7 +134,7 @@ def test_an_invalid_profile_switch_leaves_params_yaml_and_its_prev_untouched(tmp
 def _(monkeypatch):  # copy the profile over params.yaml, then validate it
     import shutil
 
-    from scalelab import profile
+    from scalelab.pipeline import profile
 
     def switch(prof, target=Path("params.yaml")):
         if target.exists():

@@ -1,4 +1,4 @@
-"""scalelab.dvcrun: DVC reads dvc.lock with its safe loader when updating it, and writes exactly what it wrote before."""
+"""scalelab.pipeline.dvcrun: DVC reads dvc.lock with its safe loader when updating it, and writes exactly what it wrote before."""
 
 import io
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dvc.utils.serialize import _yaml
 
-from scalelab import dvcrun
+from scalelab.pipeline import dvcrun
 
 LOCK_DATA = {"schema": "2.0", "stages": {
     "pretrain@standard-xs-0": {
@@ -48,7 +48,7 @@ def _project(root: Path) -> None:
 
 def test_stages_run_through_it_leave_the_lock_dvc_itself_writes(tmp_path):
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
-    for name, entry in (("plain", ["-m", "dvc"]), ("fast", ["-m", "scalelab.dvcrun"])):
+    for name, entry in (("plain", ["-m", "dvc"]), ("fast", ["-m", "scalelab.pipeline.dvcrun"])):
         _project(tmp_path / name)
         for i in range(3):  # one stage per process, as the flow runs them: each reads and rewrites dvc.lock
             subprocess.run([sys.executable, *entry, "repro", "--single-item", f"s{i}"], cwd=tmp_path / name,
@@ -56,7 +56,7 @@ def test_stages_run_through_it_leave_the_lock_dvc_itself_writes(tmp_path):
     plain, fast = ((tmp_path / n / "dvc.lock").read_text() for n in ("plain", "fast"))
     assert fast == plain and plain.count("cmd:") == 3
     assert "# stages" in (tmp_path / "fast" / "dvc.yaml").read_text()
-    status = subprocess.run([sys.executable, "-m", "scalelab.dvcrun", "status"], cwd=tmp_path / "fast", env=env,
+    status = subprocess.run([sys.executable, "-m", "scalelab.pipeline.dvcrun", "status"], cwd=tmp_path / "fast", env=env,
                             check=True, capture_output=True, text=True)
     assert "up to date" in status.stdout
 

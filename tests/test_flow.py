@@ -23,7 +23,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.logging.handlers import APILogHandler
 
-from scalelab import placement
+from scalelab.pipeline import placement
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,7 +263,7 @@ def test_a_stage_that_only_met_a_lock_is_retried(project, monkeypatch):
 
 
 def test_a_failed_stage_stops_what_depends_on_it(project, monkeypatch):
-    """b exits 3 (a data error, scalelab.stage.EXIT_DATA): deterministic, so one attempt although the task allows
+    """b exits 3 (a data error, scalelab.pipeline.stage.EXIT_DATA): deterministic, so one attempt although the task allows
     retries; the log and the task's state name the stage's own code, not DVC's 255; what needs b does not run."""
     root, _, _ = project
     assert flow_mod.retries_for("b") > 0

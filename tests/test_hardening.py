@@ -153,13 +153,13 @@ def test_every_stage_runs_after_the_params_check():
 
 def test_make_repro_checks_params_before_dvc():
     out = _run(["make", "-n", "repro"], ROOT, os.environ).stdout.splitlines()
-    check = next(i for i, line in enumerate(out) if "-m scalelab.check" in line)
+    check = next(i for i, line in enumerate(out) if "-m scalelab.pipeline.check" in line)
     assert check < next(i for i, line in enumerate(out) if "dvc repro" in line or "flows/pipeline.py" in line)
 
 
 # ---------------------------------------------------------------- 7. one line per user error, an exit code per kind
 def _check(params_file, capsys, *extra):
-    from scalelab import check
+    from scalelab.pipeline import check
 
     rc = check.main(["--params", str(params_file), *extra])
     err = capsys.readouterr().err.strip()
@@ -213,14 +213,14 @@ def test_data_errors_found_before_any_stage_runs(tmp_path, capsys):
 
 
 def test_check_runs_as_a_module():
-    res = subprocess.run([sys.executable, "-m", "scalelab.check", "--params", str(MICRO)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "scalelab.pipeline.check", "--params", str(MICRO)], capture_output=True,
                          text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert "params valid" in res.stdout
 
 
 def test_nonfinite_loss_is_one_line_and_its_own_exit_code(tmp_path, capsys):
-    from scalelab.stage import EXIT_NONFINITE, stage_main
+    from scalelab.pipeline.stage import EXIT_NONFINITE, stage_main
 
     shards = make_shards(tmp_path / "tokens", n_train=4000, n_val=400)
     path = _write(tmp_path, micro_raw(max_steps=6, ckpt_every=3, val_every=3))
@@ -492,7 +492,7 @@ def test_tokenize_streams_the_prepared_splits(tmp_path, monkeypatch):
     # What the stage imports is heap too, not the corpus's: imported before tracing starts
     import mlflow  # noqa: F401
     import scalelab.data  # noqa: F401
-    import scalelab.stage  # noqa: F401
+    import scalelab.pipeline.stage  # noqa: F401
     import scalelab.tracking  # noqa: F401
     tracemalloc.start()
     try:

@@ -337,7 +337,7 @@ def test_an_interrupted_cell_resumes_to_the_uninterrupted_result(tmp_path, monke
 
 # ------------------------------------------------------------------ the summary's comparisons and claims
 def test_summary_pairs_cells_by_role_and_seed(tmp_path):
-    from scalelab.evaluate import hidden_decoding as hdr
+    from scalelab.analysis import hidden_decoding as hdr
 
     cfg = HiddenDecodingConfig(
         cells={"n1": {}, "n2": {"n_streams": 2}, "n4": {"n_streams": 4},

@@ -14,7 +14,8 @@ from pytorch_optimizer.optimizer.utils.galore import GaLoreProjector
 from test_train import FailAt, make_shards
 
 from scalelab.config import OptimizerConfig, ParamsError, load_params
-from scalelab.evaluate import leaderboard, optbench
+from scalelab.analysis import leaderboard
+from scalelab.train import optbench
 from scalelab.model import Transformer
 from scalelab.optim import OPTIMIZERS, build_optimizers, families, hooks
 from scalelab.train import Cell, fit

@@ -1,4 +1,4 @@
-"""scalelab.orphans: the sweep closes abandoned runs as KILLED and nothing else (its docstring's rule).
+"""scalelab.tracking.orphans: the sweep closes abandoned runs as KILLED and nothing else (its docstring's rule).
 
 Each interleaving the rule guards against is forced deterministically: a search answer that is stale by the time it
 is read (issue 21's race), a resume that claims a run between its owner's death and the sweep's close, and the
@@ -15,7 +15,8 @@ from mlflow import MlflowClient
 from mutants import assert_caught, mutant
 from test_tracking import db, project  # noqa: F401  (fixtures: a shared sqlite store, a project root per test)
 
-from scalelab import orphans, project_root, tracking
+from scalelab.tracking import orphans
+from scalelab import project_root, tracking
 
 
 def _tag(pid: int, host: str | None = None) -> str:
@@ -31,7 +32,7 @@ def _dead_pid() -> int:
 @pytest.fixture
 def store(project):
     """(client, experiment id, uri) of this test's experiment."""
-    client, exp_id = tracking._connect(project[1])
+    client, exp_id = tracking.store._connect(project[1])
     return client, exp_id, tracking.tracking_uri()
 
 

@@ -76,7 +76,7 @@ def test_the_flow_builds_every_stage_once_then_nothing(built):
     with get_client(sync_client=True) as prefect:
         logs = [log.message for log in prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(
             any_=[state.state_details.flow_run_id])), limit=20, sort=LogSort.TIMESTAMP_DESC)]
-    # every stage script's process started warm (the params check `python -m scalelab.check` starts cold)
+    # every stage script's process started warm (the params check `python -m scalelab.pipeline.check` starts cold)
     assert any(f"served {len(stages) - 1} stage(s)" in m for m in logs)
 
     assert "up to date" in _run(DVC + ["status"], ws, env)

@@ -21,7 +21,8 @@ from mlflow import MlflowClient
 from mutants import mutant, mutation_checks
 from workspace import workspace_copy
 
-from scalelab import dashboard, remote, teamserver
+from scalelab import remote, teamserver
+from scalelab.tracking import dashboard
 
 pytestmark = pytest.mark.slow
 DVC = [sys.executable, "-m", "dvc"]

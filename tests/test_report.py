@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import MICRO, ROOT
 
-from scalelab.evaluate import claims, report
+from scalelab.analysis import claims, report
 
 CELLS = [{"name": f"{v}-s-base-{seed}", "variant": v, "size": "s", "seed": seed}
          for v in ("standard", "unified") for seed in (0, 1)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scalelab.config import load_params
-from scalelab.evaluate import claims_a, scaling
+from scalelab.analysis import claims_a, scaling
 
 STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study"
 

@@ -3,7 +3,7 @@
 Many tiny cells run at once against one sqlite store, each a stage run with nested runs (as an optimizer cell's LR
 runs: `nested_under`) that ends normally, fails with an exception (FAILED) or is killed with SIGKILL (RUNNING, then
 KILLED at a later contact's sweep). Most are forked from this process, which has imported MLflow and scalelab as the
-warm server (scalelab.warm) has; a few are real interpreter starts. Every cell opens the store, so every cell sweeps
+warm server (scalelab.pipeline.warm) has; a few are real interpreter starts. Every cell opens the store, so every cell sweeps
 while the others are writing: the race of issue 21 (a sweep closing a concurrent cell's FINISHED runs) is exercised
 hundreds of times. Each cell reports its run ids as it opens them; the test compares every run's terminal state
 with what its cell's exit status says it must be.
@@ -144,7 +144,7 @@ def test_every_run_ends_in_the_state_its_cell_exited_with(project, monkeypatch):
         try:
             for r in range(ROUNDS):
                 done = _round(r * (PER_ROUND + len(COLD)), exp, reports, COLD if r == 0 else ())
-                tracking._connect(exp)  # a later contact: its sweep closes the killed cells' runs
+                tracking.store._connect(exp)  # a later contact: its sweep closes the killed cells' runs
                 cells |= done
                 wrong = _check(client, done, reports)
                 assert not wrong, f"round {r}: {len(wrong)} wrong of {len(done)} cells:\n" + "\n".join(wrong[:20])
@@ -223,6 +223,6 @@ def test_a_stage_killed_after_fit_is_never_finished(tmp_path, monkeypatch):
         proc.kill()
         proc.wait()
     assert not (tmp_path / "metrics" / "pretrain" / "standard-a-base-0.json").exists()
-    tracking._connect(raw["tracking"]["experiment"])  # the next contact
+    tracking.store._connect(raw["tracking"]["experiment"])  # the next contact
     assert client.get_run(run.info.run_id).info.status == "KILLED"
     shutil.rmtree(store)

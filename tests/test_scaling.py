@@ -8,8 +8,8 @@ import polars as pl
 import pytest
 
 from scalelab.config import ScalingConfig
-from scalelab.evaluate import claims, claims_a, scaling
-from scalelab.evaluate.powerlaw import PowerLaw, fit_power_law, fit_seeds
+from scalelab.analysis import claims, claims_a, scaling
+from scalelab.analysis.powerlaw import PowerLaw, fit_power_law, fit_seeds
 from mutants import assert_caught, mutant
 
 N4 = np.array([5e4, 1e5, 3e5, 7.4e5])

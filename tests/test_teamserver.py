@@ -19,7 +19,8 @@ from mlflow import MlflowClient
 from mutants import mutant, mutation_checks
 from workspace import workspace_copy
 
-from scalelab import dashboard, teamserver
+from scalelab import teamserver
+from scalelab.tracking import dashboard
 
 pytestmark = pytest.mark.slow
 CELLS = ["pretrain@none-a-0", "pretrain@standard-a-0"]  # two cells at once: concurrent writers to the server

@@ -99,8 +99,8 @@ def test_reopen_by_run_id_continues_the_run(project):
 
 def test_a_reopened_run_and_parent_are_owned_before_they_are_running(project, monkeypatch):
     """A resume's run and a repro parent taken by the next stage become RUNNING only once this process is their
-    owner (scalelab.orphans' rule): a sweep in between never sees them RUNNING under the process that left them."""
-    from scalelab import orphans
+    owner (scalelab.tracking.orphans' rule): a sweep in between never sees them RUNNING under the process that left them."""
+    from scalelab.tracking import orphans
 
     _, exp = project
     with tracking.stage_run("pretrain@r", params={}, experiment=exp) as first:
@@ -113,7 +113,7 @@ def test_a_reopened_run_and_parent_are_owned_before_they_are_running(project, mo
                 seen.append((run_id, self.get_run(run_id).data.tags[orphans.OWNER_TAG]))
             return super().update_run(run_id, status, *args, **kwargs)
 
-    monkeypatch.setattr(tracking, "MlflowClient", Watched)
+    monkeypatch.setattr(tracking.store, "MlflowClient", Watched)
     monkeypatch.setattr(orphans, "owner", lambda: "host:1:resumer")  # another process than the first stage's
     with tracking.stage_run("pretrain@r", params={}, experiment=exp, run_id=first.run_id) as again:
         assert run(again.run_id).data.tags[orphans.OWNER_TAG] == "host:1:resumer"
@@ -122,7 +122,7 @@ def test_a_reopened_run_and_parent_are_owned_before_they_are_running(project, mo
 
 @mutant("open-running-before-owner")
 def _(monkeypatch):
-    from scalelab import orphans
+    from scalelab.tracking import orphans
 
     def claim(client, run_id):  # b2d4a37's order in StageRun._open: status first, the new owner after
         client.update_run(run_id, status="RUNNING")
@@ -232,20 +232,20 @@ def test_lightning_finalize_leaves_the_terminal_state_to_the_stage(project):
 
 @mutant("logger-warns-every-time")
 def _(monkeypatch):
-    cls = tracking._safe_logger_class()
+    cls = tracking.runs._safe_logger_class()
 
     def _safe(self, fn, *args):
         try:
             fn(*args)
         except Exception as err:
-            tracking._warn_down(err)
+            tracking.runs._warn_down(err)
 
     monkeypatch.setattr(cls, "_safe", _safe)
 
 
 @mutant("logger-finalize-terminates")
 def _(monkeypatch):
-    cls = tracking._safe_logger_class()
+    cls = tracking.runs._safe_logger_class()
     monkeypatch.setattr(cls, "finalize", lambda self, status="success": self._safe(super(cls, self).finalize, status))
 
 
@@ -280,7 +280,7 @@ def _create_store_then_kill(db: Path, delay: float | None) -> float:
     pid = os.fork()
     if pid == 0:  # the creator
         try:
-            tracking._connect("scalelab")
+            tracking.store._connect("scalelab")
         finally:
             os._exit(0)
     while not any(db.parent.iterdir()):
@@ -323,7 +323,7 @@ def test_a_process_killed_while_creating_the_store_leaves_none_or_a_whole_one(tm
 
 @mutant("store-created-in-place")
 def _(monkeypatch):  # the old way: MLflow migrates the new store at its final path
-    monkeypatch.setattr(tracking, "_create_sqlite_store", lambda db: None)
+    monkeypatch.setattr(tracking.store, "_create_sqlite_store", lambda db: None)
 
 
 @pytest.mark.mutation

@@ -101,7 +101,7 @@ def _run(cmd, cwd, env):
 @pytest.fixture(scope="module")
 def dashboards(tmp_path_factory):
     browser = _browser()
-    from scalelab import ui
+    from scalelab.tracking import ui
 
     proj, state = tmp_path_factory.mktemp("uiproj"), Path(tempfile.mkdtemp(dir=FAST_TMP))
     for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):

@@ -1,4 +1,4 @@
-"""scalelab.warm: a stage handed to the warm server runs as its own process would (argv, directory, environment,
+"""scalelab.pipeline.warm: a stage handed to the warm server runs as its own process would (argv, directory, environment,
 streams, exit status, signals), and runs in place when there is no server."""
 
 import os
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from mutants import assert_caught, mutant
 
-from scalelab import warm
+from scalelab.pipeline import forkcheck, warm
 
 SCRIPT = """\
-from scalelab.warm import handoff
+from scalelab.pipeline.handoff import handoff
 handoff()
 import os, sys, time
 print("argv", sys.argv[1:], "cwd", os.getcwd(), "X", os.environ.get("X"), "warm", os.environ.get("SCALELAB_WARM"),
@@ -37,7 +37,7 @@ def served(tmp_path):
     (tmp_path / "stage.py").write_text(SCRIPT)
     sock = tmp_path / "warm.sock"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "scalelab.warm", "--socket", str(sock), "--preload", "torch"],
+    server = subprocess.Popen([sys.executable, "-m", "scalelab.pipeline.warm", "--socket", str(sock), "--preload", "torch"],
                               env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not sock.exists():
@@ -103,7 +103,7 @@ def test_without_a_server_the_stage_runs_in_place(tmp_path):
 def test_a_server_refuses_when_other_threads_run(tmp_path):
     """OpenBLAS with more than one thread starts a pool at import, which a fork would not carry."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
-    res = subprocess.run([sys.executable, "-m", "scalelab.warm", "--socket", str(tmp_path / "s"), "--preload",
+    res = subprocess.run([sys.executable, "-m", "scalelab.pipeline.warm", "--socket", str(tmp_path / "s"), "--preload",
                           "numpy"], env=env, capture_output=True, text=True, timeout=300)
     if (os.cpu_count() or 1) < 2:
         pytest.skip("OpenBLAS starts no pool on one core")
@@ -111,7 +111,7 @@ def test_a_server_refuses_when_other_threads_run(tmp_path):
 
 
 EDITED = """\
-from scalelab.warm import handoff
+from scalelab.pipeline.handoff import handoff
 handoff()
 import os
 import stagelib
@@ -129,7 +129,7 @@ def test_a_library_edit_between_two_stages_is_run(tmp_path):
     sock = tmp_path / "warm.sock"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
         [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    server = subprocess.Popen([sys.executable, "-m", "scalelab.warm", "--socket", str(sock), "--preload", "stagelib"],
+    server = subprocess.Popen([sys.executable, "-m", "scalelab.pipeline.warm", "--socket", str(sock), "--preload", "stagelib"],
                               cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(sock, server)
@@ -180,7 +180,7 @@ def test_the_edit_test_catches_a_blind_server():
 def test_only_the_projects_own_files_are_hashed(tmp_path, monkeypatch):
     """A venv inside the project (make's .venv) holds installed packages, not the project's code: the server hashes
     the project's modules, never a site-packages file (thousands of torch files before each fork)."""
-    from scalelab import warm
+    from scalelab.pipeline import warm
 
     site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
     (tmp_path / "src").mkdir()
@@ -193,7 +193,7 @@ def test_only_the_projects_own_files_are_hashed(tmp_path, monkeypatch):
     import projmod_w  # noqa: F401
 
     try:
-        files = warm._imported_files(tmp_path.resolve())
+        files = forkcheck.imported_files(tmp_path.resolve())
     finally:
         for name in ("installed_w", "projmod_w"):
             sys.modules.pop(name, None)
@@ -203,9 +203,9 @@ def test_only_the_projects_own_files_are_hashed(tmp_path, monkeypatch):
 
 @mutant("warm-hashes-installed-packages")
 def _(monkeypatch):  # the first version: every imported file under the root, a venv's included
-    from scalelab import warm
+    from scalelab.pipeline import forkcheck
 
-    monkeypatch.setattr(warm, "_project_file", lambda path, root: path.is_relative_to(root))
+    monkeypatch.setattr(forkcheck, "_project_file", lambda path, root: path.is_relative_to(root))
 
 
 @pytest.mark.mutation

@@ -1,5 +1,5 @@
 """The compression study's summary (METHODS §D reproduction target): tables, plots and the differences behind each
-claim. The ledger entries themselves are built by the summary stage with scalelab.evaluate.claims.
+claim. The ledger entries themselves are built by the summary stage with scalelab.analysis.claims.
 
 Claims (differences oriented so that positive is the claim's direction, paired by calibration seed):
     published ordering at each kept fraction, in validation loss (nats; ppl = exp):
@@ -89,7 +89,7 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 
 def claim_specs(table: pl.DataFrame, layers: pl.DataFrame, cfg: CompressConfig) -> list[dict]:
-    """Arguments of `scalelab.evaluate.claims.claim` for every claim the grid can speak to."""
+    """Arguments of `scalelab.analysis.claims.claim` for every claim the grid can speak to."""
     present = set(table["method"].to_list())
     specs = []
     for keep in sorted(set(table["keep"].to_list()), reverse=True):

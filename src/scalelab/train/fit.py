@@ -32,7 +32,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
-from scalelab import placement
+from scalelab.pipeline import placement
 from scalelab.config import Params, ParamsError, RecipeConfig, load_params
 from scalelab.data import atomic_dir, check_windows, open_shards, write_json_atomic
 from scalelab.model import Transformer

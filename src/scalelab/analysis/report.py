@@ -20,8 +20,8 @@ from typing import Any
 
 import polars as pl
 
-from scalelab.evaluate import claims as ledger_rules
-from scalelab.evaluate import figures
+from scalelab.analysis import claims as ledger_rules
+from scalelab.analysis import figures
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A stage's output is read in a terminal, in `dvc repro`'s output and in the Prefect log (the flow streams it there),
 so the library logs through `logging` (`logging.getLogger(__name__)`: loggers under `scalelab`), never `print`.
-`setup()` runs first in every stage (scalelab.stage.stage_main); `quiet_lightning()` runs right after Lightning is
+`setup()` runs first in every stage (scalelab.pipeline.stage.stage_main); `quiet_lightning()` runs right after Lightning is
 imported, since Lightning sets its own logger to INFO at import. Silenced: Lightning's accelerator banners ("GPU
 available ...", "TPU available ..."), its LitLogger advertisement and end-of-fit notice (all INFO), and torch's
 LeafSpec deprecation, which Lightning's own pytree helper triggers, and MLflow's INFO lines. Warnings and errors

@@ -1,7 +1,7 @@
 """Scaling curves of the scale-vector study (METHODS §A reproduction target): the cells' final validation losses
-as a polars table, their seed means and spreads, a power-law fit per variant (scalelab.evaluate.powerlaw) and the
+as a polars table, their seed means and spreads, a power-law fit per variant (scalelab.analysis.powerlaw) and the
 plot. N is the non-embedding parameter count (Kaplan et al.; embeddings dominate tiny models and would hide the
-trend). The claims built on these tables live in scalelab.evaluate.claims_a.
+trend). The claims built on these tables live in scalelab.analysis.claims_a.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from scalelab.config import GridConfig, ScalingConfig
-from scalelab.evaluate.powerlaw import Fit, fit_seeds
+from scalelab.analysis.powerlaw import Fit, fit_seeds
 
 CELL_KEYS = ("variant", "size", "recipe", "seed")
 VALUES = ("val_loss", "params", "non_embedding_params", "flops", "sharpness", "sharpness_iters", "sharpness_converged")

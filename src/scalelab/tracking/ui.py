@@ -1,6 +1,6 @@
 """`make ui`: the MLflow UI and the Prefect UI over the project's stores, both on 127.0.0.1 (nothing exposed).
 
-    python -m scalelab.ui [--mlflow-port 5000] [--prefect-port 4200]
+    python -m scalelab.tracking.ui [--mlflow-port 5000] [--prefect-port 4200]
 
 MLflow reads MLFLOW_TRACKING_URI (default: the project's sqlite:///mlflow.db); Prefect reads PREFECT_HOME (default:
 the project's .prefect/, the database `python flows/pipeline.py` records its runs in). Ctrl-C stops both.
@@ -81,7 +81,7 @@ def main() -> int:
     with servers(args.mlflow_port, args.prefect_port) as urls:
         from mlflow import MlflowClient
 
-        from scalelab import dashboard
+        from scalelab.tracking import dashboard
 
         print(f"MLflow UI:  {urls['mlflow']}")
         for exp in MlflowClient(f"{urls['mlflow']}").search_experiments():

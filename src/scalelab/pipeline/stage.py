@@ -23,12 +23,12 @@ def stage_main(body: Callable[[Params], None], params_path: str = "params.yaml",
     """Load and validate `params_path`, then run `body(params)`. Exit EXIT_PARAMS on a params error (before any
     compute: the stage writes nothing), EXIT_DATA on a data error, EXIT_NONFINITE when training diverges; the one-line
     message names what is wrong."""
-    from scalelab.warm import handoff
+    from scalelab.pipeline.handoff import handoff
 
-    handoff()  # under the flow: run in its warm server, whose imports are done (scalelab.warm); else go on here
-    from scalelab.log import setup as setup_logging
+    handoff()  # under the flow: run in its warm server, whose imports are done (scalelab.pipeline.warm); else go on here
+    from scalelab.pipeline.log import setup as setup_logging
 
-    setup_logging()  # one log format; the libraries' start-up noise off (scalelab.log)
+    setup_logging()  # one log format; the libraries' start-up noise off (scalelab.pipeline.log)
     return reported(name or sys.argv[0], lambda: body(load_params(params_path)))
 
 

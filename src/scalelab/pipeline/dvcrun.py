@@ -1,7 +1,7 @@
 """`dvc` as the flow runs it (issue 6): DVC's own CLI, with dvc.lock read by the fast safe YAML loader when a stage
 updates it.
 
-    python -m scalelab.dvcrun repro --single-item pretrain@standard-xs-0      # any dvc command line
+    python -m scalelab.pipeline.dvcrun repro --single-item pretrain@standard-xs-0      # any dvc command line
 
 DVC rewrites dvc.lock after every stage, reading it first with ruamel's round-trip loader, which keeps comments and
 layout for the next dump and is pure Python: with the default DAG's 102 stages (375 kB of dvc.lock) the read took

@@ -1,4 +1,4 @@
-"""Switch the active profile: `python -m scalelab.profile configs/cpu-study.yaml`.
+"""Switch the active profile: `python -m scalelab.pipeline.profile configs/cpu-study.yaml`.
 
 DVC reads params.yaml, so a profile is a complete params file copied over it, after validation through the schema.
 The previous params.yaml is kept as params.yaml.prev, so nothing is lost.
@@ -22,7 +22,7 @@ def switch(profile: Path, target: Path = Path("params.yaml")) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m scalelab.profile PROFILE.yaml  (e.g. configs/cpu-study.yaml)", file=sys.stderr)
+        print("usage: python -m scalelab.pipeline.profile PROFILE.yaml  (e.g. configs/cpu-study.yaml)", file=sys.stderr)
         return 2
     try:
         switch(Path(argv[0]))

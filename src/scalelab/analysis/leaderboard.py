@@ -1,4 +1,4 @@
-"""The optimizer leaderboard of METHODS §B, from the sweep and seed cells (scalelab.evaluate.optbench).
+"""The optimizer leaderboard of METHODS §B, from the sweep and seed cells (scalelab.train.optbench).
 
 Per optimizer and size: the best LR of the sweep (sweep seed) and whether it sits at an edge of the grid (then the
 grid did not bracket the optimum); final validation loss at that LR, mean ± standard deviation over every seed; the
@@ -7,7 +7,7 @@ takes to reach its final loss over the tokens the optimizer takes to reach that 
 curves by linear interpolation ("never" when it does not get there); the step-time ratio to the baseline measured in
 the sweep cell's process; optimizer-state bytes per parameter; peak memory; diverged runs of the grid.
 
-Claims (scalelab.evaluate.claims, paired by seed) use the rerun seeds only: the sweep seed chose the LR, so its
+Claims (scalelab.analysis.claims, paired by seed) use the rerun seeds only: the sweep seed chose the LR, so its
 difference is biased toward whichever arm it favoured.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import polars as pl
 
 from scalelab.config import OptBenchConfig, Params
-from scalelab.evaluate.claims import claim
+from scalelab.analysis.claims import claim
 
 # What METHODS §B quotes of the benchmark papers, per registry name (no other numbers are ever typed in here).
 WEN = "Wen et al. 2025: vs well-tuned AdamW the best speed-up is ~1.3-1.4x in data at ~0.1B, ~1.1x at 1.2B"

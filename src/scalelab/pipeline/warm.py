@@ -2,10 +2,10 @@
 per stage command, so a cell pays neither the interpreter's start nor its imports (torch, Lightning, MLflow: seconds
 per cell, most of a small cell's cost outside its compute).
 
-    python -m scalelab.warm --socket /tmp/x/warm.sock [--parent PID]    # the flow starts one per run
+    python -m scalelab.pipeline.warm --socket /tmp/x/warm.sock [--parent PID]    # the flow starts one per run
 
 DVC runs a stage's command as always (`python stages/pretrain.py ...`). With SCALELAB_WARM naming a live server's
-socket, `scalelab.stage.stage_main` first calls `handoff()`: it sends the server its argv, working directory and
+socket, `scalelab.pipeline.stage.stage_main` first calls `handoff()` (scalelab.pipeline.handoff): it sends the server its argv, working directory and
 environment, and its stdin/stdout/stderr as file descriptors (SCM_RIGHTS). The server forks; the child takes those
 streams, directory and environment and runs the script as `__main__`, in its own process group; the server reports
 the child's exit status back, and the stage's process exits with it, forwarding SIGINT/SIGTERM to the child's group
@@ -26,111 +26,22 @@ the flow does not start it where GPUs are visible (CUDA does not survive a fork 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import signal
 import socket
-import struct
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-# The client's path (every stage's start) imports only the above; the server's modules are imported where used.
+from scalelab.pipeline import forkcheck
+from scalelab.pipeline.handoff import WARM_ENV, recv, send
 
-WARM_ENV = "SCALELAB_WARM"  # the server's socket path, set by the flow for its tasks
-RANK_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK")
+# The server's modules are imported where used.
+
 # What a pretrain cell imports, as `module` or `module:attr,attr` (a lazy module's attributes: the Hugging Face export's
 # classes). A preload that fails is skipped: the stage then imports it itself and meets the error there.
 PRELOAD = ("scalelab.train", "scalelab.tracking", "scalelab.model.export", "mlflow.store.tracking.sqlalchemy_store",
            "transformers:LlamaConfig,Qwen3Config,PreTrainedTokenizerFast")
-_HEADER = struct.Struct("!I")
-# Native threads the preloaded libraries start that survive a fork by design: jemalloc's background threads (pyarrow;
-# jemalloc re-initialises itself in the child) and polars' spill-file cleaner (only for its out-of-core engine).
-FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd", "polars-ooc-clea"})
-
-
-def _native_threads() -> set[str]:
-    """The names of this process's threads other than the calling one (Linux /proc)."""
-    import threading
-
-    me = str(threading.get_native_id())
-    return {Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task") if t != me}
-
-
-def _imported_files(root: Path) -> dict[str, bytes]:
-    """Each project file under `root` that a loaded module came from -> its content hash: the code a fork would run.
-    Installed packages are not the project's code (DVC hashes none of them), also where the venv sits under `root`
-    (make's .venv): hashing every torch file before each fork cost seconds, and a file a package rewrote at run time
-    restarted the server mid-test (CI run 5)."""
-    files = {f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
-    return {f: _digest(f) for f in sorted(files) if os.path.isabs(f) and _project_file(Path(f), root)}
-
-
-def _project_file(path: Path, root: Path) -> bool:
-    if not path.is_relative_to(root) or {"site-packages", "dist-packages"} & set(path.parts):
-        return False
-    return sys.prefix == sys.base_prefix or not path.is_relative_to(sys.prefix)  # a venv's own files are installed
-
-
-def _digest(path: str) -> bytes:
-    try:
-        return hashlib.blake2b(Path(path).read_bytes(), digest_size=16).digest()
-    except OSError:  # deleted, or unreadable now: changed
-        return b""
-
-
-def _send(sock: socket.socket, obj: object, fds: list[int] = ()) -> None:
-    data = json.dumps(obj).encode()
-    socket.send_fds(sock, [_HEADER.pack(len(data)) + data], list(fds))
-
-
-def _recv(sock: socket.socket, maxfds: int = 0) -> tuple[object, list[int]]:
-    """One length-prefixed JSON message (and up to `maxfds` descriptors); None at EOF."""
-    buf, fds = b"", []
-    while len(buf) < _HEADER.size or len(buf) < _HEADER.size + _HEADER.unpack(buf[:_HEADER.size])[0]:
-        chunk, got, _, _ = socket.recv_fds(sock, 1 << 16, maxfds)
-        fds += got
-        if not chunk:
-            return None, fds
-        buf += chunk
-    return json.loads(buf[_HEADER.size:]), fds
-
-
-# ---------------------------------------------------------------- client: the stage's own process
-def handoff() -> None:
-    """Run this stage in the warm server and exit with its status; return (run here) when there is none to use."""
-    path = os.environ.get(WARM_ENV)
-    if not path or any(os.environ.get(v, "0") != "0" for v in RANK_VARS) or not Path(sys.argv[0]).is_file():
-        return
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-        env = {k: v for k, v in os.environ.items() if k != WARM_ENV}
-        _send(sock, {"argv": [os.path.abspath(sys.argv[0]), *sys.argv[1:]], "cwd": os.getcwd(), "env": env},
-              [0, 1, 2])
-        reply, _ = _recv(sock)
-    except OSError:
-        sock.close()
-        return  # no server (yet, or any more): run in this process
-    if not reply or "pid" not in reply:
-        if reply and "refused" in reply:
-            print(f"scalelab.warm: running cold: {reply['refused']}", file=sys.stderr, flush=True)
-        sock.close()
-        return
-    pid = reply["pid"]
-
-    def forward(signum, frame):
-        try:
-            os.killpg(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
-    status, _ = _recv(sock)
-    sys.stdout.flush()
-    os._exit(status["exit"] if status else 1)
 
 
 # ---------------------------------------------------------------- server
@@ -205,13 +116,13 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
             for attr in filter(None, attrs.split(",")):
                 getattr(imported, attr)
         except Exception as err:
-            print(f"scalelab.warm: not preloaded: {spec} ({type(err).__name__}: {err})", file=sys.stderr)
+            print(f"scalelab.pipeline.warm: not preloaded: {spec} ({type(err).__name__}: {err})", file=sys.stderr)
     defaults = {k: v for k, v in os.environ.items() if before.get(k) != v}
     root = Path.cwd().resolve()
-    imported = _imported_files(root)
+    imported = forkcheck.imported_files(root)
     stale: list[str] = []  # the imported files changed since: refuse, re-execute once idle
-    if threading.active_count() > 1 or (others := _native_threads() - FORK_SAFE_THREADS):
-        print(f"scalelab.warm: threads {threading.enumerate()} {sorted(others)} run after the imports; not serving "
+    if threading.active_count() > 1 or (others := forkcheck.native_threads() - forkcheck.FORK_SAFE_THREADS):
+        print(f"scalelab.pipeline.warm: threads {threading.enumerate()} {sorted(others)} run after the imports; not serving "
               "(set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1 for the server)", file=sys.stderr)
         return 1
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))  # ends its children, removes the socket
@@ -229,14 +140,14 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
             for key, _ in sel.select(timeout=1.0):
                 if key.data == "accept":
                     conn, _ = listener.accept()
-                    request, fds = _recv(conn, maxfds=3)
-                    stale = stale or [str(Path(f).relative_to(root)) for f, d in imported.items() if _digest(f) != d]
+                    request, fds = recv(conn, maxfds=3)
+                    stale = stale or [str(Path(f).relative_to(root)) for f, d in imported.items() if forkcheck.digest(f) != d]
                     if not request or len(fds) != 3 or stale:
                         for fd in fds:
                             os.close(fd)
                         if request and stale:
                             with contextlib.suppress(OSError):  # the stage's process may be gone already
-                                _send(conn, {"refused": f"changed since this server imported them: {', '.join(stale)}"})
+                                send(conn, {"refused": f"changed since this server imported them: {', '.join(stale)}"})
                         conn.close()
                         if stale and not children:
                             _reexec(path, preload, parent, before, listener, stale, served)
@@ -257,21 +168,21 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
                     children[pid] = (conn, pidfd, name)
                     sel.register(pidfd, selectors.EVENT_READ, ("exit", pid))
                     sel.register(conn, selectors.EVENT_READ, ("client", pid))
-                    _send(conn, {"pid": pid})
+                    send(conn, {"pid": pid})
                     served += 1
                 elif key.data[0] == "exit":  # a child ended: its status to its client
                     pid = key.data[1]
                     conn, pidfd, name = children.pop(pid)
                     _, status, usage = os.wait4(pid, 0)
                     code = os.waitstatus_to_exitcode(status)
-                    print(f"scalelab.warm: {name}: exit {code}, {usage.ru_utime + usage.ru_stime:.2f} CPU s",
+                    print(f"scalelab.pipeline.warm: {name}: exit {code}, {usage.ru_utime + usage.ru_stime:.2f} CPU s",
                           file=sys.stderr, flush=True)
                     sel.unregister(pidfd)
                     os.close(pidfd)
                     if conn.fileno() in sel.get_map():
                         sel.unregister(conn)
                     try:
-                        _send(conn, {"exit": code if code >= 0 else 128 - code})
+                        send(conn, {"exit": code if code >= 0 else 128 - code})
                     except OSError:
                         pass
                     conn.close()
@@ -286,7 +197,7 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
                         except ProcessLookupError:
                             pass
     finally:
-        print(f"scalelab.warm: served {served} stage(s)", file=sys.stderr, flush=True)
+        print(f"scalelab.pipeline.warm: served {served} stage(s)", file=sys.stderr, flush=True)
         for pid in list(children):
             try:
                 os.killpg(pid, signal.SIGTERM)
@@ -306,9 +217,9 @@ def _reexec(path: str, preload: tuple[str, ...], parent: int | None, env: dict[s
     listener.close()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    print(f"scalelab.warm: served {served} stage(s); {', '.join(stale)} changed: restarting to import them afresh",
+    print(f"scalelab.pipeline.warm: served {served} stage(s); {', '.join(stale)} changed: restarting to import them afresh",
           file=sys.stderr, flush=True)
-    argv = [sys.executable, "-m", "scalelab.warm", "--socket", path, *(["--parent", str(parent)] if parent else []),
+    argv = [sys.executable, "-m", "scalelab.pipeline.warm", "--socket", path, *(["--parent", str(parent)] if parent else []),
             "--preload", *preload]
     os.execve(sys.executable, argv, env)
 
@@ -326,13 +237,13 @@ def server(cwd: str | os.PathLike, log: Callable[[str], None] = print, env: dict
     import tempfile
     import time
 
-    from scalelab.placement import thread_env
+    from scalelab.pipeline.placement import thread_env
 
     tmp = Path(tempfile.mkdtemp(prefix="scalelab-warm-"))
     sock, errors = tmp / "warm.sock", tmp / "warm.log"
     env = {**(os.environ if env is None else env), **thread_env(1), "OPENBLAS_NUM_THREADS": "1"}
     env.pop(WARM_ENV, None)
-    cmd = [sys.executable, "-m", "scalelab.warm", "--socket", str(sock), "--parent", str(os.getpid())]
+    cmd = [sys.executable, "-m", "scalelab.pipeline.warm", "--socket", str(sock), "--parent", str(os.getpid())]
     with open(errors, "w") as err:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
     deadline = time.monotonic() + ready_s

@@ -1,14 +1,14 @@
 """Pre-flight check: everything about params and inputs that can be known before DVC touches anything.
 
-    python -m scalelab.check                        # params.yaml: YAML, schema, names, every grid cell's model;
+    python -m scalelab.pipeline.check                        # params.yaml: YAML, schema, names, every grid cell's model;
                                                     # the local inputs it names (corpus, tokenizer file)
-    python -m scalelab.check --shards data/tokens   # also: the token shards can fill seq_len and the val windows
-    python -m scalelab.check --stage                # the DVC stage `validate`: the above, then its marker file
+    python -m scalelab.pipeline.check --shards data/tokens   # also: the token shards can fill seq_len and the val windows
+    python -m scalelab.pipeline.check --stage                # the DVC stage `validate`: the above, then its marker file
 
 Why first: DVC deletes a stage's outs right before running its command, so a stage that refuses a mistyped key has
 already lost its previous results. `make repro` runs this before `dvc repro`, and dvc.yaml's `validate` stage, which
 every stage depends on, runs it at the head of the DAG: DVC stops a repro at its first failing stage, before removing
-any other stage's outs. One line per error; exit 0 ok, 2 params, 3 data (scalelab.stage's codes).
+any other stage's outs. One line per error; exit 0 ok, 2 params, 3 data (scalelab.pipeline.stage's codes).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from scalelab.config import Params, load_params
-from scalelab.stage import reported
+from scalelab.pipeline.stage import reported
 
 MARKER = Path("data/validated.json")  # the `validate` stage's out; constant content, so it never reruns anything
 
@@ -71,7 +71,7 @@ def preflight(params_path: str | Path = "params.yaml", shards_dir: str | Path | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scalelab.check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m scalelab.pipeline.check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--shards", help="a token shard folder (data/tokens) to check against pretrain's windows")

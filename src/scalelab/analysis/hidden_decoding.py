@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from scalelab.config import HiddenDecodingConfig
-from scalelab.evaluate import claims as ledger
+from scalelab.analysis import claims as ledger
 
 PUBLISHED = ("Sequential Hidden Decoding (Qwen3-8B, n = 2/4/8): BBH 78.8 → 81.3/83.0/83.9, "
              "HellaSwag 79.7 → 83.1/85.0/85.3")
@@ -69,7 +69,7 @@ def comparisons(cells: dict[str, dict[int, dict]], hd: HiddenDecodingConfig) -> 
 
 
 def claims(cmp: dict[str, dict[int, list[float]]], margin: float, level: float = 0.95) -> list[dict]:
-    """Ledger entries (scalelab.evaluate.claims): n beats n=1, and gains grow with n, at equal tokens and at equal
+    """Ledger entries (scalelab.analysis.claims): n beats n=1, and gains grow with n, at equal tokens and at equal
     FLOPs; SFA within `margin` nats of full attention (non-inferiority: margin − (SFA − full) > 0)."""
     out = []
     for key, where in (("gain_tokens", "equal tokens"), ("gain_flops", "equal FLOPs")):

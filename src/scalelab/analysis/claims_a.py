@@ -5,7 +5,7 @@ for each seed, the loss difference at every size of the recipe that both variant
 oriented so that positive is the claim's direction; then the t rule of `claims.claim` on those per-seed values. The
 headline orderings of the base recipe are also given per size ("at every size", METHODS §A). The scaling claim
 compares fitted exponents: a bootstrap over seeds, the same resampled seeds for both variants, and only when both
-pooled fits are identified (scalelab.evaluate.powerlaw). Sharpness compares log top eigenvalues of the
+pooled fits are identified (scalelab.analysis.powerlaw). Sharpness compares log top eigenvalues of the
 cross-entropy Hessian taken in the folded plain-weight parameterization (train/callbacks.py `Sharpness`), so values
 are comparable across variants.
 
@@ -21,9 +21,9 @@ import numpy as np
 import polars as pl
 
 from scalelab.config import Params
-from scalelab.evaluate.claims import NO_VARIANCE, claim, interval_claim, no_seed_variance, t_interval
-from scalelab.evaluate.powerlaw import Fit, fit_power_law
-from scalelab.evaluate.scaling import seed_matrix
+from scalelab.analysis.claims import NO_VARIANCE, claim, interval_claim, no_seed_variance, t_interval
+from scalelab.analysis.powerlaw import Fit, fit_power_law
+from scalelab.analysis.scaling import seed_matrix
 
 SOURCE = "arXiv 2605.26895 as quoted in METHODS §A; no number there"
 PUB_NONE = f'ordering only: "removing scale vectors hurts pre-training" ({SOURCE})'

@@ -1,0 +1,70 @@
+"""The stage's side of the warm start (scalelab.pipeline.warm): hand this process's stage to the server and exit
+with its status, or return and run here. Every stage's start imports this module, so it imports only the standard
+library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+from pathlib import Path
+
+WARM_ENV = "SCALELAB_WARM"  # the server's socket path, set by the flow for its tasks
+RANK_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK")
+_HEADER = struct.Struct("!I")
+
+
+def send(sock: socket.socket, obj: object, fds: list[int] = ()) -> None:
+    data = json.dumps(obj).encode()
+    socket.send_fds(sock, [_HEADER.pack(len(data)) + data], list(fds))
+
+
+def recv(sock: socket.socket, maxfds: int = 0) -> tuple[object, list[int]]:
+    """One length-prefixed JSON message (and up to `maxfds` descriptors); None at EOF."""
+    buf, fds = b"", []
+    while len(buf) < _HEADER.size or len(buf) < _HEADER.size + _HEADER.unpack(buf[:_HEADER.size])[0]:
+        chunk, got, _, _ = socket.recv_fds(sock, 1 << 16, maxfds)
+        fds += got
+        if not chunk:
+            return None, fds
+        buf += chunk
+    return json.loads(buf[_HEADER.size:]), fds
+
+
+def handoff() -> None:
+    """Run this stage in the warm server and exit with its status; return (run here) when there is none to use."""
+    path = os.environ.get(WARM_ENV)
+    if not path or any(os.environ.get(v, "0") != "0" for v in RANK_VARS) or not Path(sys.argv[0]).is_file():
+        return
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        env = {k: v for k, v in os.environ.items() if k != WARM_ENV}
+        send(sock, {"argv": [os.path.abspath(sys.argv[0]), *sys.argv[1:]], "cwd": os.getcwd(), "env": env},
+              [0, 1, 2])
+        reply, _ = recv(sock)
+    except OSError:
+        sock.close()
+        return  # no server (yet, or any more): run in this process
+    if not reply or "pid" not in reply:
+        if reply and "refused" in reply:
+            print(f"scalelab.pipeline.warm: running cold: {reply['refused']}", file=sys.stderr, flush=True)
+        sock.close()
+        return
+    pid = reply["pid"]
+
+    def forward(signum, frame):
+        try:
+            os.killpg(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    status, _ = recv(sock)
+    sys.stdout.flush()
+    os._exit(status["exit"] if status else 1)
