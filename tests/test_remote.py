@@ -4,6 +4,7 @@ real network remote, DVC over SSH to Debian's sshd on 127.0.0.1 with throwaway k
 gets the same bytes and recomputes nothing; the cell's MLflow logged model names its remote location. Without sshd
 the SSH case skips on a developer's machine and fails under CI (CI=true, .ci/run)."""
 
+import contextlib
 import filecmp
 import json
 import os
@@ -44,6 +45,7 @@ def built(tmp_path_factory):
     ws, home = base / "ws", base / "home"
     home.mkdir()
     env = workspace_copy(ws) | {"HOME": str(home)}
+    del env["SCALELAB_ROOT"]  # a user's shell: the root is where the command runs (the workspace, or a clone)
     _run(DVC + ["repro", *TARGETS], ws, env)
     _run(["git", "add", "-A"], ws, env)
     _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "built"], ws, env)
@@ -108,7 +110,8 @@ def _same_and_clean(ws, env, clone):
 def _linked_url(ws, env) -> str:
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name(yaml.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
-    model = client.get_logged_model(dashboard.find_model(client, exp.experiment_id, ws / MODEL))
+    with contextlib.chdir(ws):  # logged models name their folders relative to the project root
+        model = client.get_logged_model(dashboard.find_model(client, exp.experiment_id, ws / MODEL))
     return model.tags[remote.URL_TAG]
 
 
