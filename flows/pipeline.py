@@ -28,7 +28,7 @@ Stopping: SIGTERM or Ctrl-C stops the running stages, starts nothing more, and e
 temporary Prefect server with the flow (`main`, `wait_all`). Nothing of the flow holds state a kill -9 could corrupt
 for its rerun (tests/test_crash.py, benchmarks/flow_crash.py).
 
-Placement: at most `--workers` cells run at once, each on its share of the machine (scalelab.pipeline.placement: cores /
+Placement: at most `--workers` cells run at once, each on its share of the machine (scalelab.runtime.placement: cores /
 workers threads; one GPU each on GPU nodes). On CPU nodes stage processes start warm (scalelab.pipeline.warm: forked from a
 server that has done the imports). A stage `dvc status` reported up to date, none of whose upstream stages
 ran in this flow, finishes at once as "up to date" without a subprocess: a second run reruns nothing and still shows
@@ -62,7 +62,8 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from scalelab.pipeline import placement, profile, warm
+from scalelab.pipeline import profile, warm
+from scalelab.runtime import placement
 from scalelab import tracking
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # flows/ (imported by path in tests)
@@ -87,7 +88,7 @@ DETERMINISTIC = {2: "params error", 3: "data error", 4: "non-finite loss"}
 STAGE_EXIT = re.compile(r"failed to run: .*, exited with (-?\d+)")
 # An interrupted flow (SIGTERM, Ctrl-C) stops its stages: Prefect cancels only tasks not yet started, and the thread
 # pool runs every queued task before the process can exit, so without this the flow went on submitting cells.
-# The state lives in scalelab.pipeline.placement: Dask and Ray pickle this module's functions by value, and a lock cannot be.
+# The state lives in scalelab.runtime.placement: Dask and Ray pickle this module's functions by value, and a lock cannot be.
 
 
 def stop_stages() -> None:

@@ -1,7 +1,7 @@
 """Where the pipeline flow's tasks run (issue 6): Prefect task runners for this machine, Dask and Ray.
 
 - `threads` (default): a thread pool in the flow's process; each task runs its stage in a subprocess on one share of
-  this machine (scalelab.pipeline.placement). Tasks wait for their upstream futures inside these threads, so there are many
+  this machine (scalelab.runtime.placement). Tasks wait for their upstream futures inside these threads, so there are many
   (idle threads cost nothing); how many cells run at once is the share pool's size, the flow's `workers`.
 - `dask`: prefect-dask on a `distributed.LocalCluster` of `workers` single-threaded worker processes, or on an existing
   scheduler (`address`). `slurm`: the same on dask-jobqueue's SLURMCluster, one job per worker, adaptive up to
@@ -20,7 +20,7 @@ from types import ModuleType
 import cloudpickle
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from scalelab.pipeline import placement
+from scalelab.runtime import placement
 
 KINDS = ("threads", "dask", "slurm", "ray")
 THREADS = 512

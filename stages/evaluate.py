@@ -43,7 +43,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
     cfg = params.evaluate
 
     from scalelab.tracking import dashboard
-    from scalelab.pipeline import placement
+    from scalelab.runtime import placement
     from scalelab import tracking
     from scalelab.data import write_json_atomic
     from scalelab.evaluate import suite

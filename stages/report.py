@@ -1,7 +1,7 @@
 """DVC stage `report`: the markdown report and its static HTML page, with the claims ledger of all four methods.
 
 Reads what the other stages wrote (metrics/claims_*.json, metrics/evaluate, plots/pretrain, the methods' summary
-folders; a method not run is said so). Outs: data/report/{report.md, report.html, *.png, mlflow_run.json},
+folders; a method not run is said so) and the committed studies in results/ (their ledgers beside this run's). Outs: data/report/{report.md, report.html, *.png, mlflow_run.json},
 metrics/report.json, plots/report/val_loss_curves.csv. MLflow: the report's files as artifacts of the pipeline's
 parent run (and of its own run); under the Prefect flow, the flow publishes report.md as a markdown artifact.
 """

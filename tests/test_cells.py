@@ -9,13 +9,13 @@ import pytest
 from conftest import ROOT
 from mutants import assert_caught, mutant
 
-from scalelab.pipeline.log import Every
+from scalelab.runtime.log import Every
 from scalelab.train.callbacks import Progress, Throughput
 
 # lean.py loaded on its own: scalelab.train's package init also imports the optimizers' libraries, not at issue here
 PROBE = f"""\
 import importlib.util, sys
-from scalelab.pipeline.log import setup
+from scalelab.runtime.log import setup
 setup()
 spec = importlib.util.spec_from_file_location("lean", {str(ROOT / "src" / "scalelab" / "train" / "lean.py")!r})
 lean = importlib.util.module_from_spec(spec)
@@ -85,10 +85,10 @@ def test_mfu_never_exceeds_one_even_with_a_peak_measured_under_load():
 
 def test_every_fires_once_per_interval(monkeypatch):
     """On a fake clock ticked each second: the first firing one interval after the start, then once per interval."""
-    import scalelab.pipeline.log
+    import scalelab.runtime.log
 
     now = [100.0]
-    monkeypatch.setattr(scalelab.pipeline.log.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(scalelab.runtime.log.time, "monotonic", lambda: now[0])
     tick, fired = Every(seconds=10), []
     for t in range(100, 131):
         now[0] = float(t)
@@ -99,25 +99,25 @@ def test_every_fires_once_per_interval(monkeypatch):
 
 @mutant("every-never-advances")
 def _(monkeypatch):
-    import scalelab.pipeline.log
+    import scalelab.runtime.log
 
     def call(self):
-        return scalelab.pipeline.log.time.monotonic() >= self._next  # the deadline never moves: fires on every later call
+        return scalelab.runtime.log.time.monotonic() >= self._next  # the deadline never moves: fires on every later call
 
-    monkeypatch.setattr(scalelab.pipeline.log.Every, "__call__", call)
+    monkeypatch.setattr(scalelab.runtime.log.Every, "__call__", call)
 
 
 @mutant("every-fires-at-start")
 def _(monkeypatch):
-    import scalelab.pipeline.log
+    import scalelab.runtime.log
 
-    init = scalelab.pipeline.log.Every.__init__
+    init = scalelab.runtime.log.Every.__init__
 
-    def start_due(self, seconds=scalelab.pipeline.log.PROGRESS_S):
+    def start_due(self, seconds=scalelab.runtime.log.PROGRESS_S):
         init(self, seconds)
         self._next = self.start
 
-    monkeypatch.setattr(scalelab.pipeline.log.Every, "__init__", start_due)
+    monkeypatch.setattr(scalelab.runtime.log.Every, "__init__", start_due)
 
 
 @pytest.mark.mutation
@@ -132,7 +132,7 @@ def test_the_flows_share_of_cores_wins_over_a_stages_own_threads(monkeypatch):
     import torch
 
     from scalelab import THREADS_ENV
-    from scalelab.pipeline import placement
+    from scalelab.runtime import placement
 
     before = torch.get_num_threads()
     try:

@@ -23,7 +23,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.logging.handlers import APILogHandler
 
-from scalelab.pipeline import placement
+from scalelab.runtime import placement
 
 
 ROOT = Path(__file__).resolve().parents[1]

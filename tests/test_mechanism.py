@@ -13,7 +13,7 @@ from scalelab.model import Transformer
 from scalelab.model.export import fold_scales, plain_config
 from scalelab.model.norm import INPUT_SCALE, OUTPUT_SCALE, Scale
 from scalelab.optim import build_optimizers
-from scalelab.train.callbacks import Sharpness, hessian_eigen
+from scalelab.train.sharpness import Sharpness, hessian_eigen
 
 VOCAB = 64
 

@@ -1,5 +1,7 @@
 """The report: the ledger gathered from the methods' claims files (never typed), "not run" for absent methods, the
-evaluation table, curves overlaying the variants of a size, an offline HTML page; dvc.yaml wires every claims file."""
+committed studies' ledgers beside this run's (labelled with profile, seeds and commit; a folder without the study
+contract listed as "no ledger"), the evaluation table, curves overlaying the variants of a size, an offline HTML page;
+dvc.yaml wires every claims file and results/."""
 
 import base64
 import importlib.util
@@ -10,6 +12,7 @@ import polars as pl
 import pytest
 import yaml
 from conftest import MICRO, ROOT
+from mutants import mutant, mutation_checks
 
 from scalelab.analysis import claims, report
 
@@ -43,6 +46,67 @@ def outs(tmp_path):
     for c, loss in zip(CELLS, (3.0, 3.01, 2.9, 2.91)):
         (tmp_path / f"metrics/evaluate/{c['name']}.json").write_text(json.dumps(_eval_json(loss, 0.4)))
     return tmp_path, entries
+
+
+def _study(root, name: str, entries: list[dict] | None, drop: str | None = None, ledger="metrics/claims_a.json"):
+    """A committed study folder: study.json (without the field `drop`) and its ledger (None: no ledger file)."""
+    folder = root / "results" / name
+    folder.mkdir(parents=True)
+    meta = {"name": name, "profile": "configs/cpu-study.yaml", "seeds": [0, 1, 2], "commit": "951c18e",
+            "command": "make repro", "wall_time_s": 7692.0, "ledger": ledger}
+    (folder / "study.json").write_text(json.dumps({k: v for k, v in meta.items() if k != drop}))
+    if entries is not None:
+        claims.write_claims(folder / ledger, entries)
+    return folder
+
+
+@pytest.fixture
+def studies(tmp_path):
+    """This run's scale-vector ledger (one seed) and results/: a decided study, four that break the contract."""
+    root = tmp_path
+    claims.write_claims(root / "metrics/claims_a.json",
+                        [claims.claim("a.wd_in", "decay on input scales helps", "val_loss", [0.01], "−0.01")])
+    decided = [claims.claim("base.none_hurts", "base: none is worse than standard", "val_loss", [0.07, 0.08, 0.06],
+                            "+0.1"),
+               claims.claim("base.none_hurts@s", "base: none is worse at size s", "val_loss", [0.07, 0.08, 0.06], "+0.1"),
+               claims.claim("base.unified_helps", "base: unified is better", "val_loss", [0.01, -0.02, 0.015], "−0.05")]
+    _study(root, "a-study", decided)
+    _study(root, "b-no-seeds", decided, drop="seeds")
+    _study(root, "c-no-ledger-file", None)
+    _study(root, "d-bad-ledger-name", decided, ledger="metrics/ledger.json")
+    (root / "results/e-in-progress").mkdir()  # a study being written: no study.json yet
+    return root, decided
+
+
+def test_the_report_shows_the_committed_studies_beside_this_run(studies):
+    root, decided = studies
+    m = report.build(root, root / "data/report", cells=CELLS, eval_names=[], plots_csv=root / "c.csv")
+    md = (root / "data/report/report.md").read_text()
+    label = "a-study (profile configs/cpu-study.yaml, seeds 0, 1, 2, commit 951c18e)"
+    section_a = md[md.index("### A. "):md.index("### B. ")]
+    # this run's ledger first, then the committed study's, both under method A, the study labelled
+    assert section_a.index("decay on input scales helps") < section_a.index(f"Committed study {label}")
+    assert claims.markdown(decided) in section_a and "made by `make repro`" in section_a
+    assert m["studies"] == {"a-study": {"reproduced": 2, "inconclusive": 1}, "b-no-seeds": "no ledger",
+                            "c-no-ledger-file": "no ledger", "d-bad-ledger-name": "no ledger",
+                            "e-in-progress": "no ledger"}
+    for why in ("no ledger: study.json lacks seeds", "no ledger: metrics/claims_a.json absent",
+                "no ledger: ledger 'metrics/ledger.json' is not a path", "no ledger: study.json absent"):
+        assert why in md, why
+    page = (root / "data/report/report.html").read_text()
+    assert "Committed study a-study (profile configs/cpu-study.yaml" in page
+
+
+def test_the_readme_table_lists_what_the_studies_decided(studies):
+    from scalelab.analysis.studies import decided_table
+
+    root, _ = studies
+    table = decided_table(root / "results")
+    rows = [r for r in table.splitlines() if r.startswith("| base")]
+    assert rows == [f"| base: none is worse than standard | +0.0700 ± {claims.t_interval([0.07, 0.08, 0.06])[2] - 0.07:.4f}"
+                    " | 3 | **reproduced** | a-study |"]  # per-size and inconclusive entries are counted, not listed
+    assert "a-study (profile configs/cpu-study.yaml, seeds 0, 1, 2, commit 951c18e): 1 of 2 claims decided" in table
+    assert "e-in-progress: no ledger (study.json absent)" in table
 
 
 def test_report_gathers_the_ledger_and_says_what_did_not_run(outs):
@@ -114,6 +178,7 @@ def test_dvc_wires_every_claims_file_and_the_curves_plot():
 
     produced = {o for name, s in stages.items() if name != "report" for o in outs_of(s)}
     deps = set(stages["report"]["deps"])
+    assert report.RESULTS in deps  # a committed study that lands reruns the report
     missing = sorted(o for o in produced if re.fullmatch(r"metrics/claims_[a-d]\.json", o) and o not in deps)
     missing += sorted(m.folder for m in report.METHODS if m.folder in produced and m.folder not in deps)
     assert not missing, f"add to the report stage's deps in dvc.yaml: {missing}"
@@ -122,3 +187,21 @@ def test_dvc_wires_every_claims_file_and_the_curves_plot():
                           .read_text())
     assert template["spec"]["encoding"]["color"]["field"] == "variant"
     assert "plots/report/val_loss_curves.csv" in outs_of(stages["report"])
+
+
+@mutant("report-ignores-studies")
+def _(monkeypatch):
+    monkeypatch.setattr(report, "committed_studies", lambda results: [])
+
+
+@mutant("study-contract-unchecked")
+def _(monkeypatch):
+    from scalelab.analysis import studies as contract
+
+    monkeypatch.setattr(contract, "STUDY_FIELDS", tuple(f for f in contract.STUDY_FIELDS if f != "seeds"))
+
+
+test_the_study_checks_catch = mutation_checks([
+    ("report-ignores-studies", "tests/test_report.py::test_the_report_shows_the_committed_studies_beside_this_run"),
+    ("study-contract-unchecked", "tests/test_report.py::test_the_report_shows_the_committed_studies_beside_this_run"),
+])

@@ -3,12 +3,13 @@ scaling fits follow from those cells' committed metrics under its own params (th
 bootstrap draws from a fixed seed). The cells themselves reproduce by rerunning the profile (results/cpu-study/README.md)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from scalelab.config import load_params
-from scalelab.analysis import claims_a, scaling
+from scalelab.analysis import claims_a, scaling, studies
 
 STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study"
 
@@ -60,9 +61,21 @@ def test_the_committed_ledger_and_fits_follow_from_the_committed_cells(study):
            json.loads((STUDY / "metrics" / "scaling.json").read_text())["fits"], "fits")
 
 
-def test_the_readme_shows_the_committed_ledger():
-    """The README's results table is the committed ledger's, not a copy typed in and left behind."""
+def test_the_recipe_table_is_the_committed_ledgers():
+    """results/cpu-study's ledger at a glance is the committed ledger's, not a copy typed in and left behind (the docs
+    that show it carry it as a generated block: tests/test_docs.py)."""
     committed = json.loads((STUDY / "metrics" / "claims_a.json").read_text())
-    table = claims_a.recipe_table(committed)
-    assert (STUDY / "scaling" / "claims_a_by_recipe.md").read_text().strip() == table
-    assert table in (STUDY.parents[1] / "README.md").read_text()
+    assert (STUDY / "scaling" / "claims_a_by_recipe.md").read_text().strip() == claims_a.recipe_table(committed)
+
+
+def test_every_committed_study_meets_the_study_contract():
+    """A study folder with a study.json is read whole by the report (docs/workflow.md "Committed studies"): its
+    fields, its ledger in the claims format, seeds as a list, the method's letter in the ledger's name. Folders still
+    without a study.json are listed by the report as "no ledger" and skipped here."""
+    folders = [f for f in sorted(STUDY.parent.iterdir()) if (f / studies.STUDY).is_file()]
+    assert STUDY in folders
+    for folder in folders:
+        s = studies.read_study(folder)
+        assert s["problem"] is None, f"{folder.name}: {s['problem']}"
+        assert s["name"] == folder.name and isinstance(s["seeds"], list) and s["entries"], folder.name
+        assert isinstance(s["wall_time_s"], (int, float)) and re.fullmatch(r"[0-9a-f]{7,40}", s["commit"]), folder.name

@@ -1,5 +1,6 @@
 """scalelab.tracking: parent/child runs, tags, params, resume, and tracking failures that never stop a stage."""
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -7,6 +8,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import FAST_TMP
 from mlflow import MlflowClient
@@ -230,6 +232,76 @@ def test_lightning_finalize_leaves_the_terminal_state_to_the_stage(project):
     assert run(r.run_id).info.status == "FINISHED"
 
 
+def _token_shards(folder: Path) -> Path:
+    """A tokenize stage's out: two uint16 shards and their meta.json."""
+    folder.mkdir()
+    shards = {}
+    for split, n in (("train", 300), ("val", 40)):
+        path = folder / f"{split}.bin"
+        np.arange(n, dtype=np.uint16).tofile(path)
+        shards[split] = {"file": path.name, "tokens": n, "bytes": 2 * n,
+                         "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    (folder / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 512, "shards": shards}))
+    return folder / "meta.json"
+
+
+def test_token_shards_are_the_runs_dataset_inputs(project):
+    """The Dataset column: each split of a token-shard dep is an mlflow.data dataset named <folder>/<split>, its
+    digest the shard's sha256 (a re-tokenized corpus is another dataset), its profile the shard's tokens and bytes,
+    its source the shard's path, its context training or validation."""
+    root, exp = project
+    meta = _token_shards(root / "tokens")
+    with tracking.stage_run("pretrain@d", params={}, experiment=exp, deps=[meta, root / "params.yaml"]) as r:
+        pass
+    inputs = {d.dataset.name: d for d in run(r.run_id).inputs.dataset_inputs}
+    shards = json.loads(meta.read_text())["shards"]
+    assert set(inputs) == {"tokens/train", "tokens/val"}
+    for split, context in (("train", "training"), ("val", "validation")):
+        d, shard = inputs[f"tokens/{split}"], shards[split]
+        assert d.dataset.digest == shard["sha256"][:16]
+        profile = json.loads(d.dataset.profile)
+        assert (profile["features_size"], profile["features_nbytes"]) == (shard["tokens"], shard["bytes"])
+        assert json.loads(d.dataset.source) == {"uri": str(root / "tokens" / shard["file"])}
+        assert {t.key: t.value for t in d.tags} == {"mlflow.data.context": context}
+
+
+def test_a_resumed_run_continues_its_system_metric_steps(project, monkeypatch):
+    """A reopened run (a resumed cell) logs its system metrics after the steps it holds, as mlflow.start_run does
+    for an existing run, instead of logging step 0 again; MLflow's switch turns the sampler off."""
+    _, exp = project
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.05")  # MLflow's own knob, honoured
+    run_id = None
+    for _ in range(2):
+        with tracking.stage_run("pretrain@s", params={}, experiment=exp, run_id=run_id) as r:
+            r.lightning_logger()
+            start, deadline = r._system._logging_step, time.monotonic() + 120
+            while r._system._logging_step < start + 2 and time.monotonic() < deadline:  # two samples published
+                time.sleep(0.02)
+        run_id = r.run_id
+    steps = [m.step for m in MlflowClient(tracking.tracking_uri()).get_metric_history(
+        run_id, "system/cpu_utilization_percentage")]
+    assert len(steps) >= 4 and len(set(steps)) == len(steps), steps
+    monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
+    assert tracking.dashboard.system_metrics(run_id, tracking.tracking_uri()) is None
+
+
+@mutant("datasets-digest-by-mlflow")
+def _(monkeypatch):  # the digest MLflow computes from a sample of the array, not the shard's sha256
+    from mlflow.data.numpy_dataset import from_numpy
+
+    monkeypatch.setattr(tracking.dashboard, "from_numpy",
+                        lambda features, source, name, digest: from_numpy(features, source=source, name=name))
+
+
+@mutant("system-metrics-restart-at-zero")
+def _(monkeypatch):  # what the sampler does without resume_logging: a reopened run logs from step 0 again
+    from mlflow.system_metrics import system_metrics_monitor as smm
+
+    init = smm.SystemMetricsMonitor.__init__
+    monkeypatch.setattr(smm.SystemMetricsMonitor, "__init__",
+                        lambda self, run_id, **kw: init(self, run_id, **{**kw, "resume_logging": False}))
+
+
 @mutant("logger-warns-every-time")
 def _(monkeypatch):
     cls = tracking.runs._safe_logger_class()
@@ -254,6 +326,8 @@ def _(monkeypatch):
     ("test_lightning_logger_survives_an_outage_mid_training", "logger-warns-every-time"),
     ("test_lightning_finalize_leaves_the_terminal_state_to_the_stage", "logger-finalize-terminates"),
     ("test_a_reopened_run_and_parent_are_owned_before_they_are_running", "open-running-before-owner"),
+    ("test_token_shards_are_the_runs_dataset_inputs", "datasets-digest-by-mlflow"),
+    ("test_a_resumed_run_continues_its_system_metric_steps", "system-metrics-restart-at-zero"),
 ])
 def test_mutants_are_caught(test, name):
     assert_caught(f"tests/test_tracking.py::{test}", name)

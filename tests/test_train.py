@@ -1,6 +1,7 @@
 """Training layer: a micro model learns; resume after a crash equals an uninterrupted run (same MLflow run); Muon's
 two optimizers train; the non-finite guard fails fast and keeps the last good checkpoint; the sharpness power
-iteration finds a known top eigenvalue; a stale checkpoint is moved aside, never resumed."""
+iteration finds a known top eigenvalue; a stale checkpoint is moved aside, never resumed; MFU's FLOP count is what
+torch counts."""
 
 import csv
 import hashlib
@@ -12,13 +13,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.callbacks import Callback
 from mlflow import MlflowClient
+from mutants import assert_caught, mutant
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from scalelab import tracking
 from scalelab.config import ParamsError, parse_params
 from scalelab.data.loader import open_shards, train_batch, val_batches
 from scalelab.data.shards import file_sha256
+from scalelab.model import Transformer
 from scalelab.model.export import load_exported
 from scalelab.train import Cell, TokenDataModule, config_hash, fit, peak_flops, resume_run_id, top_hessian_eigenvalue
 
@@ -240,3 +245,29 @@ def test_a_completed_run_is_not_resumed_when_its_cell_reruns(tmp_path, shards):
     again = fit(params, cell, tmp_path, shards)
     assert again["val_loss"] == first["val_loss"] and again["steps"] == 10  # retrained (deterministic), not resumed
     assert (tmp_path / "ckpt" / f"stale-{chash}" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize("variant,recipe", [("standard", "base"), ("unified", "base"), ("unified", "moe")])
+def test_flops_per_token_is_what_torch_counts(variant, recipe):
+    """MFU's numerator: the model's analytic training FLOPs per token equal Lightning's `measure_flops` (torch's
+    FlopCounter over a forward and backward) on the micro model, MoE routing included. Under the math attention
+    kernel, whose QKᵀ and AV matmuls the counter sees (it has no formula for the fused CPU kernel)."""
+    raw = micro_raw(recipes={"base": {"optimizer": "adamw"}, "moe": {"optimizer": "adamw", "moe": True}})
+    raw["model"]["moe"] = {"n_experts": 4, "top_k": 2, "shared_expert": True}
+    model = Transformer(parse_params(raw).resolve_model("a", variant, vocab_size=VOCAB, recipe=recipe))
+    x, y = torch.randint(0, VOCAB, (2, 32)), torch.randint(0, VOCAB, (2, 32))
+    with sdpa_kernel(SDPBackend.MATH):
+        counted = measure_flops(model, lambda: model(x, y).loss, loss_fn=lambda loss: loss)
+    assert model.flops_per_token(32) == pytest.approx(counted / x.numel(), rel=1e-9)
+
+
+@mutant("flops-6n-all-params")
+def _(monkeypatch):  # 6·N over every parameter (embedding, all experts, scale vectors): an MFU that flatters
+    monkeypatch.setattr(Transformer, "flops_per_token",
+                        lambda self, seq_len: 6.0 * self.num_params() + 12.0 * self.cfg.n_layer * self.cfg.d_model
+                        * seq_len)
+
+
+@pytest.mark.mutation
+def test_flops_check_catches_an_overcount():
+    assert_caught("tests/test_train.py::test_flops_per_token_is_what_torch_counts", "flops-6n-all-params")

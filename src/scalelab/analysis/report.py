@@ -5,6 +5,11 @@ Everything in it is computed from the pipeline's outs, nothing is typed in: the 
 summary folder: its CSV tables and PNG plots), the evaluation table (metrics/evaluate), the loss curves overlaying the
 variants of each size (plots/pretrain), and the claims ledger gathered from metrics/claims_<a|b|c|d>.json, each claim
 beside its published number. A method whose outs are absent is reported as "not run".
+
+Beside this run's ledger (one seed in the default profile, so mostly inconclusive by design) stand the committed
+studies' ledgers from results/<study>/, each labelled with the profile, seeds and commit its study.json names (the
+contract: docs/workflow.md "Committed studies"), so the first report says what is decided and by which run. A study
+folder without that contract is listed as "no ledger" with the reason, never an error: this run's report goes on.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import polars as pl
 
 from scalelab.analysis import claims as ledger_rules
 from scalelab.analysis import figures
+from scalelab.analysis.studies import committed_studies, studies_frame, study_label, verdict_of
+from scalelab.analysis.tables import html_table, ledger_frame, md_table
 
 
 @dataclass(frozen=True)
@@ -39,41 +46,9 @@ METHODS = (
 )
 CLAIMS = "metrics/claims_{key}.json"
 HD_GAIN = ("plots/hidden_decoding_gain.csv", "n_streams", "gain_tokens")  # the Hidden Decoding summary's plot data
-MAX_ROWS = 40  # longer tables are cut in the report (the CSV beside it is whole)
+RESULTS = "results"
 
 Block = tuple[str, Any]  # ("h1"|"h2"|"h3"|"p", text) ("table", DataFrame) ("img", Path) ("ledger", entries)
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def md_table(df: pl.DataFrame) -> str:
-    rows = [[_fmt(v) for v in r] for r in df.head(MAX_ROWS).iter_rows()]
-    out = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    if df.height > MAX_ROWS:
-        out.append(f"\n({df.height - MAX_ROWS} more rows in the CSV)")
-    return "\n".join(out)
-
-
-def html_table(df: pl.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r) + "</tr>"
-                   for r in df.head(MAX_ROWS).iter_rows())
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def ledger_frame(entries: list[dict]) -> pl.DataFrame:
-    return pl.DataFrame([{"claim": e["claim"], "metric": e["metric"],
-                          "effect ± spread": _fmt(e["effect"]) + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
-                          "seeds": e["n_seeds"], "verdict": e["verdict"], "published": e["published"]}
-                         for e in entries], schema={k: pl.String for k in ("claim", "metric", "effect ± spread")}
-                        | {"seeds": pl.Int64, "verdict": pl.String, "published": pl.String})
 
 
 def render_markdown(blocks: list[Block], out_dir: Path) -> str:
@@ -172,11 +147,19 @@ def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], pl
     verdicts = Counter(e["verdict"].split(" (")[0] for entries in claims.values() if entries for e in entries)
     blocks += [("h2", "Claims ledger"),
                ("p", ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no claims files yet")]
+    studies = committed_studies(root / RESULTS)
+    if studies:
+        blocks += [("p", "Committed studies (results/): the runs with the seeds to decide; each method's section "
+                         "shows their ledgers beside this run's."), ("table", studies_frame(studies))]
     for m in METHODS:
         blocks += [("h3", m.title)]
-        blocks += [("ledger", claims[m.key])] if claims[m.key] else [("p", f"not run ({CLAIMS.format(key=m.key)} absent)")]
+        blocks += ([("p", f"This run: {CLAIMS.format(key=m.key)}"), ("ledger", claims[m.key])] if claims[m.key]
+                   else [("p", f"not run ({CLAIMS.format(key=m.key)} absent)")])
         if claims[m.key]:
             blocks += [("p", f"Rule: {claims[m.key][0]['rule']}")]
+        for s in (s for s in studies if s["method"] == m.key):
+            blocks += [("p", f"Committed study {study_label(s)}: results/{s['name']}/{s['ledger']}, "
+                             f"made by `{s['command']}`"), ("ledger", s["entries"])]
 
     evals = evaluation_table(root, eval_names)
     blocks += [("h2", "Evaluation")]
@@ -218,5 +201,8 @@ def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], pl
     (out / "report.html").write_text(render_html(blocks, "scalelab report"))
     return {"claims": {m.key: (dict(Counter(e["verdict"].split(" (")[0] for e in claims[m.key]))
                                if claims[m.key] else "not run") for m in METHODS},
-            "verdicts": dict(verdicts), "models_evaluated": 0 if evals is None else evals.height,
+            "verdicts": dict(verdicts),
+            "studies": {s["name"]: dict(Counter(map(verdict_of, s["entries"]))) if s["entries"] is not None
+                        else "no ledger" for s in studies},
+            "models_evaluated": 0 if evals is None else evals.height,
             "sections_run": [m.key for m in METHODS if (root / m.folder).is_dir()]}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from scalelab.pipeline import placement
+from scalelab.runtime import placement
 from scalelab.compress.calibrate import calibration_batches, decoder_linears
 from scalelab.compress.compressor import LayerRecord, compress_model
 from scalelab.compress.data import Streams, from_shards, from_text

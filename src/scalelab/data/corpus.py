@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from scalelab.config import PrepareConfig
 from scalelab.data import DataError
 from scalelab.data.sources import TABLE_ROWS, iter_documents, source_info
-from scalelab.pipeline.log import Every
+from scalelab.runtime.log import Every
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val")

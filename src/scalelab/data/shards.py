@@ -19,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from scalelab.data import DataError
-from scalelab.pipeline.log import Every
+from scalelab.runtime.log import Every
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from scalelab.config import TokenizerConfig
 from scalelab.data import DataError
 from scalelab.data.shards import PIECE_CHARS, batched, pieces, utf8_len
-from scalelab.pipeline.log import Every
+from scalelab.runtime.log import Every
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ def stage_main(body: Callable[[Params], None], params_path: str = "params.yaml",
     from scalelab.pipeline.handoff import handoff
 
     handoff()  # under the flow: run in its warm server, whose imports are done (scalelab.pipeline.warm); else go on here
-    from scalelab.pipeline.log import setup as setup_logging
+    from scalelab.runtime.log import setup as setup_logging
 
-    setup_logging()  # one log format; the libraries' start-up noise off (scalelab.pipeline.log)
+    setup_logging()  # one log format; the libraries' start-up noise off (scalelab.runtime.log)
     return reported(name or sys.argv[0], lambda: body(load_params(params_path)))
 
 

@@ -237,7 +237,7 @@ def server(cwd: str | os.PathLike, log: Callable[[str], None] = print, env: dict
     import tempfile
     import time
 
-    from scalelab.pipeline.placement import thread_env
+    from scalelab.runtime.placement import thread_env
 
     tmp = Path(tempfile.mkdtemp(prefix="scalelab-warm-"))
     sock, errors = tmp / "warm.sock", tmp / "warm.log"

@@ -5,7 +5,7 @@
   (`mlflow.experiment.primaryMetric.name`) is the validation loss, the first chart of the chart view.
 - A saved view (`mlflow.sharedViewState.<key>`, opened by `#/experiments/<id>/runs?viewStateShareKey=<key>`) puts
   variant, size, seed and the final validation loss first in the runs table, beside Source, Dataset and Model.
-- Datasets are run inputs: each token split with its token count, bytes and sha256 (from the shards' meta.json).
+- Datasets are run inputs: each token split as an `mlflow.data` dataset (tokens, bytes, dtype; digest: its sha256).
 - Models are external logged models pointing at their DVC out (no weights copied): evaluation metrics link to them.
 """
 
@@ -17,9 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from mlflow import MlflowClient
-from mlflow.entities import Dataset, DatasetInput, InputTag, LoggedModelOutput, LoggedModelStatus
-from mlflow.utils.mlflow_tags import MLFLOW_MODEL_IS_EXTERNAL
+from mlflow.data.dataset_source_registry import get_dataset_source_from_json
+from mlflow.data.numpy_dataset import from_numpy
+from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, LoggedModelStatus
+from mlflow.environment_variables import MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_MODEL_IS_EXTERNAL
 
 VIEW_KEY = "scalelab"
 PRIMARY_METRIC = "val/loss"  # what the pretrain runs log as their validation loss (the last value is the final one)
@@ -68,21 +72,20 @@ def source_tags(script: str | None = None) -> dict[str, str]:
 
 
 def token_datasets(meta_path: str | os.PathLike) -> list[DatasetInput]:
-    """Each split of a token-shard folder (the tokenize stage's meta.json) as a dataset input of a run: the digest
-    is the shard's sha256, the profile its token and byte counts, the source its path."""
+    """Each split of a token-shard folder (the tokenize stage's meta.json) as a dataset input of a run: an
+    `mlflow.data` numpy dataset over the shard (memory-mapped: its schema and profile, tokens and bytes, come from the
+    array without reading it), its digest the shard's sha256, its source the shard's path."""
     meta_path = Path(meta_path)
     meta = json.loads(meta_path.read_text())
-    corpus = meta_path.parent.name
     out = []
     for split, shard in sorted(meta.get("shards", {}).items()):
-        profile = {"tokens": shard["tokens"], "bytes": shard["bytes"], "sha256": shard["sha256"],
-                   "vocab_size": meta.get("vocab_size"), "tokenizer_sha256": meta.get("tokenizer_sha256")}
-        source = {"uri": str(meta_path.parent / shard["file"])}
-        ds = Dataset(name=f"{corpus}/{split}", digest=shard["sha256"][:16], source_type="local",
-                     source=json.dumps(source), schema=json.dumps({"dtype": meta.get("dtype")}),
-                     profile=json.dumps(profile))
+        path = meta_path.parent / shard["file"]
+        # by source type: resolving a bare path warns that two registered sources ("" and file://) both match it
+        source = get_dataset_source_from_json(json.dumps({"uri": str(path)}), "local")
+        ds = from_numpy(np.memmap(path, dtype=meta["dtype"], mode="r"), source=source,
+                        name=f"{meta_path.parent.name}/{split}", digest=shard["sha256"][:16])
         context = "training" if split == "train" else "validation" if split == "val" else split
-        out.append(DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)]))
+        out.append(DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
     return out
 
 
@@ -139,11 +142,20 @@ def find_model(client: MlflowClient, experiment_id: str, path: str | os.PathLike
 
 def system_metrics(run_id: str, uri: str, interval: float = 2.0) -> Any:
     """Start MLflow's system-metrics sampler (CPU, memory, disk, network; GPU when present) for a training run;
-    returns the monitor (call .finish()) or None where it cannot run."""
+    returns the monitor (call .finish()) or None where it cannot run or is switched off.
+
+    The sampler `mlflow.start_run(log_system_metrics=True)` starts, driven by hand: that switch exists only on the
+    fluent API, whose run would become this process's active run, set RUNNING on start and FINISHED at exit (atexit),
+    over the stage's own terminal state. Its public settings hold: MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false turns it
+    off, MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides `interval`; and, as start_run does for a reopened run, a
+    resumed run continues its system-metric steps instead of logging step 0 again."""
+    if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING.defined and not MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING.get():
+        return None
     try:
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, samples_before_logging=1, tracking_uri=uri)
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, samples_before_logging=1,
+                                       resume_logging=True, tracking_uri=uri)
         monitor.start()
         return monitor
     except Exception:  # psutil missing, a store without system-metrics support: training goes on without it

@@ -10,15 +10,14 @@ from scalelab.train.callbacks import (
     MetricsFile,
     NonFiniteGuard,
     Progress,
-    Sharpness,
     StepCheckpoint,
     Throughput,
     Validation,
-    top_hessian_eigenvalue,
 )
 from scalelab.train.datamodule import StepBatches, TokenDataModule
 from scalelab.train.fit import Cell, config_hash, fit, peak_flops, resume_run_id
 from scalelab.train.module import LitLM
+from scalelab.train.sharpness import Sharpness, top_hessian_eigenvalue
 
 __all__ = [
     "Cell",

@@ -32,17 +32,18 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
-from scalelab.pipeline import placement
+from scalelab.runtime import placement
 from scalelab.config import Params, ParamsError, RecipeConfig, load_params
 from scalelab.data import atomic_dir, check_windows, open_shards, write_json_atomic
 from scalelab.model import Transformer
 from scalelab.model.export import save_model
 from scalelab.train.callbacks import (
-    GammaStats, MetricsFile, NonFiniteGuard, Progress, Sharpness, StepCheckpoint, Throughput, Validation,
+    GammaStats, MetricsFile, NonFiniteGuard, Progress, StepCheckpoint, Throughput, Validation,
 )
 from scalelab.train.datamodule import TokenDataModule
 from scalelab.train.module import LitLM
 from scalelab.train.resume import claim_ckpt_dir, find_resumable, resume_run_id  # noqa: F401  (re-exported)
+from scalelab.train.sharpness import Sharpness
 
 if TYPE_CHECKING:
     from scalelab.tracking import StageRun

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import lightning as L
 
-from scalelab.pipeline import placement
+from scalelab.runtime import placement
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ScaleConfig
 from scalelab.data import DataError, atomic_dir, check_windows, open_shards, write_json_atomic
 from scalelab.model.hf import load_hf_tokenizer

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from scalelab.pipeline.log import quiet_lightning
+from scalelab.runtime.log import quiet_lightning
 
 HIDDEN = frozenset({"transformers", "scipy", "matplotlib"})
 
@@ -51,7 +51,7 @@ def _hidden_from_torchmetrics(hidden: frozenset[str]) -> Iterator[None]:
 
 def import_lightning() -> None:
     """Import torchmetrics lean (unless it is already imported, or SCALELAB_LEAN_IMPORTS=0), then Lightning, and
-    silence Lightning's start-up INFO (scalelab.pipeline.log)."""
+    silence Lightning's start-up INFO (scalelab.runtime.log)."""
     if "torchmetrics" not in sys.modules and os.environ.get("SCALELAB_LEAN_IMPORTS", "1") != "0":
         with _hidden_from_torchmetrics(HIDDEN):
             import torchmetrics  # noqa: F401

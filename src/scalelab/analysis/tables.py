@@ -1,0 +1,42 @@
+"""Tables for the report and the docs: one value format, markdown and HTML renderings, and the ledger's columns."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import polars as pl
+
+MAX_ROWS = 40  # longer tables are cut in the report (the CSV beside it is whole)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def md_table(df: pl.DataFrame) -> str:
+    rows = [[_fmt(v) for v in r] for r in df.head(MAX_ROWS).iter_rows()]
+    out = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    if df.height > MAX_ROWS:
+        out.append(f"\n({df.height - MAX_ROWS} more rows in the CSV)")
+    return "\n".join(out)
+
+
+def html_table(df: pl.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r) + "</tr>"
+                   for r in df.head(MAX_ROWS).iter_rows())
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def ledger_frame(entries: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame([{"claim": e["claim"], "metric": e["metric"],
+                          "effect ± spread": _fmt(e["effect"]) + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
+                          "seeds": e["n_seeds"], "verdict": e["verdict"], "published": e["published"]}
+                         for e in entries], schema={k: pl.String for k in ("claim", "metric", "effect ± spread")}
+                        | {"seeds": pl.Int64, "verdict": pl.String, "published": pl.String})
