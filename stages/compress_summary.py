@@ -1,8 +1,9 @@
 """DVC stage `compress_summary`: the compression study against the published ordering (METHODS §D).
 
-Reads the current grid's cells (metrics/compress/<cell>.json, plots/compress/<cell>.json).
+Reads every seed of the current grid (metrics/compress/seed-<s>.json, plots/compress/seed-<s>.json).
 Outs: data/compress_summary/{cells.csv, summary.csv, ppl.png, erank_loss.png, mlflow_run.json},
-metrics/compress.json, metrics/claims_d.json (the claims ledger), plots/compress.csv.
+metrics/compress.json (perplexity, layer loss relative to SVD-LLM, forward tokens/s and weight bytes per method and
+kept fraction, SigmaScale's convergence), metrics/claims_d.json (the claims ledger), plots/compress.csv.
 """
 
 import json
@@ -19,10 +20,13 @@ def main(params: Params) -> None:
     if cfg is None:
         raise ParamsError("params has no compress section")
     grid = cfg.grid
+    files = {s: Path("metrics/compress") / f"seed-{s}.json" for s in grid.seeds}
+    if missing := [str(f) for f in files.values() if not f.is_file()]:
+        raise DataError(f"compress seeds not run yet: {missing} (run the compress stage)")
+    by_name = {c["cell"]: c for f in files.values() for c in json.loads(f.read_text())["cells"]}
     names = {(m, float(k), s): cfg.cell(m, str(k), s) for m in grid.methods for k in grid.keep for s in grid.seeds}
-    missing = [n for n in names.values() if not (Path("metrics/compress") / f"{n}.json").is_file()]
-    if missing:
-        raise DataError(f"compress cells not run yet: {missing} (run the compress stage)")
+    if missing := [n for n in names.values() if n not in by_name]:
+        raise DataError(f"compress cells missing from their seed's metrics: {missing} (rerun the compress stage)")
 
     import polars as pl
 
@@ -31,8 +35,9 @@ def main(params: Params) -> None:
     from scalelab.data import atomic_dir, write_json_atomic
     from scalelab.analysis import claims
 
-    cells = [json.loads((Path("metrics/compress") / f"{n}.json").read_text()) for n in names.values()]
-    layers = {key: json.loads((Path("plots/compress") / f"{n}.json").read_text()) for key, n in names.items()}
+    plots = {s: json.loads((Path("plots/compress") / f"seed-{s}.json").read_text()) for s in grid.seeds}
+    cells = [by_name[n] for n in names.values()]
+    layers = {key: plots[key[2]][n] for key, n in names.items()}
     out = Path("data/compress_summary")
     with tracking.stage_run("compress_summary", params={"grid": grid.model_dump(mode="json")},
                             experiment=params.tracking.experiment, deps=["metrics/compress"]) as run:
@@ -53,19 +58,32 @@ def main(params: Params) -> None:
         Path("plots").mkdir(exist_ok=True)
         by_method.select("method", "keep", "ppl", "loss_rel_svd_llm").write_csv("plots/compress.csv.tmp")
         Path("plots/compress.csv.tmp").replace("plots/compress.csv")
-        run.log_metrics({f"ppl.{r['method']}.{r['keep']:g}": r["ppl"] for r in by_method.iter_rows(named=True)})
+        converged = summary.convergence(layer_table)
+        run.log_metrics({**{f"ppl.{r['method']}.{r['keep']:g}": r["ppl"] for r in by_method.iter_rows(named=True)},
+                         **{f"tokens_per_s.{r['method']}.{r['keep']:g}": r["tokens_per_s"]
+                            for r in by_method.iter_rows(named=True)},
+                         "tokens_per_s.dense": table["tokens_per_s_dense"].mean(),
+                         **{f"sigmascale.{k}": v for k, v in converged.items()}})
         for name in ("ppl.png", "erank_loss.png"):
             run.log_artifact(out / name)
             run.log_artifact(out / name, parent=True)
         run.log_artifact("metrics/claims_d.json")
+
+        def per(column: str) -> dict:
+            return {m: {f"{r['keep']:g}": r[column] for r in by_method.filter(pl.col("method") == m)
+                        .iter_rows(named=True)} for m in grid.methods}
+
         # outs and metrics inside the run: FINISHED only once they are written (issue 21)
-        ppl = {m: {f"{r['keep']:g}": r["ppl"] for r in by_method.filter(pl.col("method") == m).iter_rows(named=True)}
-               for m in grid.methods}
-        rel = {m: {f"{r['keep']:g}": r["loss_rel_svd_llm"]
-                   for r in by_method.filter(pl.col("method") == m).iter_rows(named=True)} for m in grid.methods}
-        write_json_atomic("metrics/compress.json", {"ppl_dense": dense, "ppl": ppl, "loss_rel_svd_llm": rel,
-                                                    "erank_loss_spearman": rho, "cells": len(cells)})
+        write_json_atomic("metrics/compress.json", {
+            "ppl_dense": dense, "ppl": per("ppl"), "loss_rel_svd_llm": per("loss_rel_svd_llm"),
+            "tokens_per_s_dense": table["tokens_per_s_dense"].mean(), "tokens_per_s": per("tokens_per_s"),
+            "weight_bytes_dense": table["weight_bytes_dense"].mean(), "weight_bytes": per("weight_bytes"),
+            "sigmascale_convergence": converged, "erank_loss_spearman": rho, "cells": len(cells)})
 
 
 if __name__ == "__main__":
-    sys.exit(stage_main(main, name="compress_summary"))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default="params.yaml")
+    sys.exit(stage_main(main, ap.parse_args().params, name="compress_summary"))

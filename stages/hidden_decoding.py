@@ -23,10 +23,8 @@ def train(params: Params, args: argparse.Namespace) -> None:
         raise ParamsError(f"--cell {args.cell!r}: not in hidden_decoding.cells ({sorted(hd.cells)})")
     model_cfg = hd.model(args.cell)
 
-    from scalelab import tracking
     from scalelab.data import DataError, write_json_atomic
     from scalelab.model.hf import ModelLoadError, load_hf_config
-    from scalelab.train.hidden_decoding import cell_steps, fit_cell, resume_run_id
 
     name, shards = f"{args.cell}-{args.seed}", Path("data/tokens")
     out_dir = Path("data/hidden_decoding") / name
@@ -34,15 +32,25 @@ def train(params: Params, args: argparse.Namespace) -> None:
         backbone_config = load_hf_config(hd.source.location())
     except ModelLoadError as err:
         raise DataError(str(err)) from None
+    try:  # streams that cannot differ or cannot matter: refused before any compute
+        model_cfg.mixing(backbone_config.num_hidden_layers)
+    except ValueError as err:
+        raise ParamsError(f"cell {args.cell}: {err}") from None
+
+    from scalelab import tracking
+    from scalelab.train.hidden_decoding import backbone_tokenizer, cell_steps, fit_cell, load_corpus, resume_run_id
+
     steps = cell_steps(hd, args.cell, backbone_config)
+    corpus = load_corpus(hd, shards, Path("data/prepared"), backbone_tokenizer(hd))
     logged = {"cell": {"name": args.cell, "seed": args.seed, "steps": steps},
               "model": model_cfg.model_dump(mode="json"), "source": hd.source.model_dump(mode="json"),
               "train": hd.train.model_dump(mode="json")}
-    run_id = resume_run_id(hd, args.cell, args.seed, out_dir, shards, backbone_config)
+    run_id = resume_run_id(hd, args.cell, args.seed, out_dir, corpus, backbone_config)
+    data_dep = "data/prepared" if hd.uses_text() else str(shards / "meta.json")
     with tracking.stage_run(f"hidden_decoding@{name}", params=logged, experiment=params.tracking.experiment,
-                            deps=[str(shards / "meta.json"), hd.source_dep], run_id=run_id) as run:
+                            deps=[data_dep, hd.source_dep], run_id=run_id) as run:
         metrics = fit_cell(hd, args.cell, args.seed, out_dir, shards, run,
-                           plot=Path("plots/hidden_decoding") / f"{name}.csv")
+                           plot=Path("plots/hidden_decoding") / f"{name}.csv", corpus=corpus)
         run.record(out_dir / "model")
         # outs and metrics inside the run: FINISHED only once they are written (issue 21)
         write_json_atomic(Path("metrics/hidden_decoding") / f"{name}.json",

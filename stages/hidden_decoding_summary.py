@@ -32,7 +32,7 @@ def main(params: Params) -> None:
         except ValueError as err:
             raise DataError(str(err)) from None
         cmp = hdr.comparisons(cells, hd)
-        entries = hdr.claims(cmp, hd.claims.sfa_margin, hd.claims.level)
+        entries = hdr.claims(cmp, hd.claims.sfa_fraction, hd.claims.level)
         rows, gains = hdr.table(cells, hd), hdr.gain_rows(cmp)
         plots = Path("plots/hidden_decoding")
         curves = {f"{cell}-{seed}": (m["flops_per_token"], hdr.read_curve(plots / f"{cell}-{seed}.csv"))

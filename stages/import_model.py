@@ -1,7 +1,8 @@
-"""DVC stage `import_model`: SmolLM2-135M-Instruct from its packaged GGUF to models/smollm2-135m-instruct (an HF
-folder: safetensors, config, tokenizer), the real pretrained LM every model-consuming phase can use offline.
+"""DVC stage `import_model@<name>` (one cell per entry of `import_models`): a packaged GGUF model, e.g.
+SmolLM2-135M-Instruct, to models/<name> (an HF folder: safetensors, config, tokenizer), the real pretrained LM every
+model-consuming phase can use offline. A profile that needs none (the tests' micro profile) lists none: no cell.
 
-Outs: models/smollm2-135m-instruct, metrics/import_model.json (parameters, seconds).
+Outs: models/<name>, metrics/import_model/<name>.json (parameters, seconds).
 """
 
 import sys
@@ -11,21 +12,25 @@ from pathlib import Path
 from scalelab.config import Params
 from scalelab.pipeline.stage import stage_main
 
-NAME = "smollm2-135m-instruct"
-
-
 def main(params: Params) -> None:
     from scalelab import tracking
-    from scalelab.data import write_json_atomic
-    from scalelab.model.gguf import gguf_file, import_gguf
+    from scalelab.data import DataError, write_json_atomic
+    from scalelab.model.gguf import GGUFNotFound, gguf_file, import_gguf
 
-    src, out = gguf_file(NAME), Path("models") / NAME
-    with tracking.stage_run("import_model", params={"model": NAME, "gguf": src.name},
+    name = sys.argv[1]
+    if name not in params.import_models:
+        raise DataError(f"import_model: {name!r} is not in import_models {params.import_models}")
+    try:
+        src = gguf_file(name)
+    except GGUFNotFound as err:  # one line naming the install command, before any run is opened
+        raise DataError(str(err)) from None
+    out = Path("models") / name
+    with tracking.stage_run(f"import_model@{name}", params={"model": name, "gguf": src.name},
                             experiment=params.tracking.experiment) as run:
         start = time.perf_counter()
         n = import_gguf(src, out)
         metrics = {"parameters": n, "seconds": round(time.perf_counter() - start, 2)}
-        write_json_atomic("metrics/import_model.json", metrics)
+        write_json_atomic(f"metrics/import_model/{name}.json", metrics)
         run.log_metrics(metrics)
 
 

@@ -26,7 +26,7 @@ def main(params: Params) -> None:
                             experiment=params.tracking.experiment, deps=[str(metrics)]) as run:
         cells, runs = lb.load_cells(metrics, ob)
         curves = lb.load_curves(Path("plots/optimizers"), ob)
-        table = lb.table(params, cells, runs, curves)
+        table = lb.table(params, cells, runs)
         entries = lb.claims(params, cells, runs)
         with atomic_dir(out) as tmp:
             (tmp / "leaderboard.md").write_text(lb.markdown(table) + "\n")
@@ -35,10 +35,10 @@ def main(params: Params) -> None:
             lb.plot(cells, curves, ob, tmp / "curves.png", tmp / "lr_sensitivity.png")
         lb.lr_sensitivity(cells).write_csv("plots/optimizers/lr_sensitivity.csv.tmp")
         os.replace("plots/optimizers/lr_sensitivity.csv.tmp", "plots/optimizers/lr_sensitivity.csv")
-        numbers = ("best_lr", "val_loss", "val_loss_sd", "speedup", "step_time_ratio", "state_bytes_per_param",
-                   "peak_mem_mb")
+        numbers = ("best_lr", "val_loss", "val_loss_sd", "speedup", "speedup_low", "speedup_high", "fit_dof",
+                   "step_time_ratio", "state_bytes_per_param", "step_peak_mb", "step_peak_bytes_per_param")
         board = {f"{r['optimizer']}-{r['size']}": {k: r[k] for k in numbers} for r in table.iter_rows(named=True)}
-        run.log_metrics({f"{cell}.{k}": v for cell, row in board.items() for k, v in row.items()})
+        run.log_metrics({f"{cell}.{k}": v for cell, row in board.items() for k, v in row.items() if v is not None})
         for name in ("leaderboard.md", "leaderboard.csv", "claims_b.md", "curves.png", "lr_sensitivity.png"):
             run.log_artifact(out / name)
         run.log_artifact(out / "leaderboard.md", parent=True)

@@ -1,8 +1,9 @@
 """DVC stages `optimizers` and `optimizers_seeds`: one optimizer at one model size (METHODS §B benchmark).
 
-    python stages/optimizers.py --optimizer muon --size xs            # the LR sweep (seed optimizers.seed)
-    python stages/optimizers.py --optimizer muon --size xs --seeds    # its best LR rerun with optimizers.rerun_seeds
+    python stages/optimizers.py --optimizer muon --size xs            # the protocol's sweep (optimizers.sweep_seeds)
+    python stages/optimizers.py --optimizer muon --size xs --seeds    # its choice rerun with optimizers.rerun_seeds
 
+The protocol (LR grid and its extension, second hyperparameters, budgets) is scalelab.config.optbench's docstring.
 A cell is an optimizer's whole sweep at one size, not a single run: a process costs ~2-9 s before it trains
 (imports, DVC, MLflow) against ~2-6 s per run at the default profile, and one process per sweep also times the
 optimizer's steps interleaved with the baseline's (scalelab.train.optbench.step_time_ratio).
@@ -41,7 +42,7 @@ def main(params: Params, args: argparse.Namespace) -> None:
     with tracking.stage_run(stage, params=logged, experiment=params.tracking.experiment,
                             deps=[str(shards / "meta.json")]) as run, tracking.nested_under(run):
         if args.seeds:
-            sweep = json.loads((Path("metrics/optimizers/sweep") / f"{name}.json").read_text())
+            sweep = json.loads((Path("metrics/optimizers/sweep") / f"{name}.json").read_text())  # its choice
             cell = optbench.seeds_cell(params, args.optimizer, args.size, sweep, out, shards, stage)
         else:
             cell = optbench.sweep_cell(params, args.optimizer, args.size, out, shards, stage)

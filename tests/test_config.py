@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mutants import assert_caught, mutant
+from mutants import assert_caught, mutant, mutation_checks
 
 from scalelab.config import ParamsError, load_params, parse_params
 
@@ -157,25 +157,169 @@ def test_bad_regex_is_a_params_error():
         parse_params(raw)
 
 
+# Machine settings (scalelab.config.machine): not params, merged in from layers DVC does not track (issue 20, item 5).
+MACHINE_OLD = {"pretrain": {"threads": 3, "devices": 2, "strategy": "ddp", "compile": True, "peak_flops": 1e12},
+               "evaluate": {"device": "cpu", "threads": 3}, "compress": {"device": "auto", "threads": 3},
+               "hidden_decoding": {"train": {"threads": 3, "peak_flops": 1e12}}}
+
+
+def _micro_in(tmp_path) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text((ROOT / "tests" / "micro_params.yaml").read_text())
+    return path
+
+
+def test_machine_file_beside_params_wins_over_the_profiles_machine_section(tmp_path, monkeypatch):
+    monkeypatch.delenv("SCALELAB_MACHINE", raising=False)
+    path = _micro_in(tmp_path)
+    before = load_params(path)
+    assert before.pretrain.threads == 1 and before.evaluate.device == "cpu"  # the micro profile's machine: section
+    (tmp_path / "machine.yaml").write_text(yaml.safe_dump(MACHINE_OLD))
+    after = load_params(path)
+    assert (after.pretrain.threads, after.pretrain.devices, after.pretrain.strategy, after.pretrain.compile,
+            after.pretrain.peak_flops) == (3, 2, "ddp", True, 1e12)
+    assert (after.evaluate.threads, after.compress.device, after.compress.threads) == (3, "auto", 3)
+    assert (after.hidden_decoding.train.threads, after.hidden_decoding.train.peak_flops) == (3, 1e12)
+    # what is not a machine setting is untouched
+    assert after.model_dump(exclude={"pretrain", "evaluate", "compress", "hidden_decoding"}) == \
+        before.model_dump(exclude={"pretrain", "evaluate", "compress", "hidden_decoding"})
+    assert after.pretrain.model_dump(exclude=set(MACHINE_OLD["pretrain"])) == \
+        before.pretrain.model_dump(exclude=set(MACHINE_OLD["pretrain"]))
+    other = tmp_path / "elsewhere.yaml"  # $SCALELAB_MACHINE instead of the file beside params
+    other.write_text("pretrain: {threads: 5}\n")
+    monkeypatch.setenv("SCALELAB_MACHINE", str(other))
+    assert load_params(path).pretrain.threads == 5
+    monkeypatch.setenv("SCALELAB_MACHINE", str(tmp_path / "missing.yaml"))
+    with pytest.raises(ParamsError, match="SCALELAB_MACHINE=.*missing.yaml: no such machine file"):
+        load_params(path)
+
+
+@pytest.mark.parametrize("key", ["pretrain.threads", "pretrain.compile", "evaluate.device", "compress.threads",
+                                 "hidden_decoding.train.accelerator"])
+def test_a_machine_setting_inline_in_params_yaml_is_refused_naming_where_it_goes(tmp_path, monkeypatch, key):
+    monkeypatch.delenv("SCALELAB_MACHINE", raising=False)
+    path = _micro_in(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    *section, name = key.split(".")
+    node = raw
+    for part in section:
+        node = node[part]
+    node[name] = "cuda" if name == "device" else "gpu" if name == "accelerator" else 2
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ParamsError) as err:
+        load_params(path)
+    msg = str(err.value)
+    assert "\n" not in msg and key in msg and "machine.yaml" in msg and "--migrate" in msg, msg
+    # the same keys in a params file DVC does not read (a file built for one library run) are its defaults
+    other = tmp_path / "run.yaml"
+    other.write_text(path.read_text())
+    assert load_params(other) is not None
+
+
+@pytest.mark.parametrize("bad,needle", [({"pretrain": {"batch_size": 4}}, r"pretrain\.batch_size: not a machine"),
+                                        ({"optim": {"adamw": {}}}, r"optim: not a section with machine settings"),
+                                        ({"hidden_decoding": {"seeds": [1]}}, r"hidden_decoding\.seeds: not a sec"),
+                                        ({"pretrain": {"threads": -1}}, r"machine\.yaml.*pretrain\.threads")])
+def test_a_bad_machine_file_is_one_line_naming_the_key(tmp_path, monkeypatch, bad, needle):
+    """Science cannot hide in the machine file (batch_size there would change results without DVC knowing), and a
+    bad value names the file it came from."""
+    monkeypatch.delenv("SCALELAB_MACHINE", raising=False)
+    path = _micro_in(tmp_path)
+    (tmp_path / "machine.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ParamsError, match=needle) as err:
+        load_params(path)
+    assert "\n" not in str(err.value)
+
+
+def test_profile_migrate_moves_inline_machine_settings_keeping_every_value_and_comment(tmp_path, monkeypatch):
+    """An old params.yaml (machine settings inline) migrates in place: the same Params as before, nothing inline,
+    comments kept, the old file as .prev."""
+    from scalelab.config import machine
+    from scalelab.pipeline import profile
+
+    monkeypatch.delenv("SCALELAB_MACHINE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    raw, own = machine.split(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    assert not machine.machine_keys_in(raw)
+    for section, values in own.items():  # the old layout: machine settings inline in their sections
+        node = raw[section]
+        for key, value in values.items():
+            (node[key].update(value) if isinstance(value, dict) else node.__setitem__(key, value))
+    raw["pretrain"]["threads"] = 3  # not a default: the value must survive
+    old = "# an old profile\n" + yaml.safe_dump(raw, sort_keys=False)
+    Path("params.yaml").write_text(old)
+    expected = parse_params(yaml.safe_load(old))
+    with pytest.raises(ParamsError, match="machine settings"):
+        load_params("params.yaml")
+    assert profile.main(["--migrate"]) == 0
+    text = Path("params.yaml").read_text()
+    assert text.startswith("# an old profile") and Path("params.yaml.prev").read_text() == old
+    assert not machine.machine_keys_in(yaml.safe_load(text))
+    assert load_params("params.yaml") == expected and expected.pretrain.threads == 3
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_param_that_dvc_tracks_is_spelled_out(path, tmp_path):
-    """DVC reads params.yaml itself, without the schema's defaults: each key a stage depends on must be present."""
+def test_every_param_that_dvc_tracks_is_spelled_out_and_none_is_a_machine_setting(path, tmp_path):
+    """DVC's own view of the real dvc.yaml. DVC reads params.yaml itself, without the schema's defaults: each key a
+    stage depends on must be present. And no stage's params name a machine setting, the `machine` section, or a
+    section holding one, and no stage depends on the machine file, so changing them leaves `dvc status` clean
+    (tests/test_anyshell.py runs it); params.yaml is a file dependency of `validate` alone (a machine: section edit
+    reruns that check only)."""
     from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
+    from scalelab.config.machine import MACHINE_FILE, MACHINE_KEYS, SECTION
+
+    machine_paths = [f"{s}.{k}" for s, keys in MACHINE_KEYS.items() for k in keys]
     (tmp_path / ".dvc").mkdir()
     (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
     (tmp_path / "params.yaml").write_text(path.read_text())
     raw = yaml.safe_load(path.read_text())
-    missing = []
+    missing, machine, file_deps = [], [], {}
     with Repo(str(tmp_path), uninitialized=True) as repo:
         for stage in repo.index.stages:
             for dep in stage.deps:
-                if isinstance(dep, ParamsDependency):
-                    for key in dep.params:
-                        node = raw
-                        for part in key.split("."):
-                            node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
-                        if node is KeyError:
-                            missing.append(f"{stage.addressing}: {key}")
+                if not isinstance(dep, ParamsDependency):
+                    file_deps.setdefault(Path(dep.fs_path).name, set()).add(stage.name.split("@")[0])
+                    continue
+                for key in dep.params:
+                    if _lookup(raw, key) is None:
+                        missing.append(f"{stage.addressing}: {key}")
+                    # what DVC hashes for `key`: its value in params.yaml, with every machine key under it
+                    inside = [p for p in machine_paths if p == key or p.startswith(f"{key}.")]
+                    if key.split(".")[0] == SECTION or any(_lookup(raw, p) is not None for p in inside):
+                        machine.append(f"{stage.addressing}: {key}")
     assert not missing, missing
+    assert not machine, machine
+    assert MACHINE_FILE not in file_deps
+    assert file_deps["params.yaml"] == {"validate"}
+
+
+def _lookup(raw: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(raw, dict) or part not in raw:
+            return None
+        raw = raw[part]
+    return raw if raw is not None else "null"
+
+
+@mutant("machine-file-ignored")
+def _(monkeypatch):
+    from scalelab.config import machine
+
+    monkeypatch.setattr(machine, "read_machine", lambda path: {})
+
+
+@mutant("machine-inline-accepted")
+def _(monkeypatch):
+    from scalelab.config import machine
+
+    monkeypatch.setattr(machine, "refuse_inline", lambda raw, source: None)
+
+
+test_the_machine_tests_are_caught = mutation_checks([
+    ("machine-file-ignored",
+     "tests/test_config.py::test_machine_file_beside_params_wins_over_the_profiles_machine_section"),
+    ("machine-inline-accepted", "tests/test_config.py::test_a_machine_setting_inline_in_params_yaml_is_refused_naming"
+                                "_where_it_goes[pretrain.threads]"),
+])

@@ -14,7 +14,7 @@ import torch
 import yaml
 from conftest import MICRO, ROOT
 from evaldata import make_cell, make_data
-from mutants import assert_caught, mutant
+from mutants import assert_caught, mutant, mutation_checks
 
 from scalelab.evaluate import lmeval, zeroshot
 from scalelab.evaluate.lm import EvalLM, load_lm
@@ -272,3 +272,75 @@ def test_stage_writes_metrics_linked_to_the_model_in_mlflow(project):
     assert {x.key: x.value for x in model.metrics}["eval/val_loss"] == pytest.approx(m["val_loss"])
     exp = client.get_experiment(run.info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def _mixed_items(val: list[str]) -> list:
+    """Items of every shape the scorer meets: contexts from 1 token to beyond the model's 64 positions (cut from the
+    left, scored without a shared context), 1-token and long choices, 2 to 4 choices, and two items with one
+    context (their choices share its computation)."""
+    cont = zeroshot.continuation_items(val, 12, 4, 100, seed=1)
+    cloze = zeroshot.cloze_items(val, 8, 3, 60, seed=2)
+    by_hand = [zeroshot.Item("A", ("n", "the whole of the line", "e"), 1),
+               zeroshot.Item(val[0][:40], ("b", "ca"), 0),
+               zeroshot.Item(val[0][:40], ("c", "of it", "they"), 2),
+               zeroshot.Item(val[1][:600], ("to be, or not to be", "x"), 0)]  # ≫ 64 tokens: the full-sequence path
+    return cont + cloze + by_hand
+
+
+def test_shared_context_scores_equal_one_sequence_per_choice(project, monkeypatch):
+    """Issue 20 item 7: each context computed once, its choices (and other items') batched on the cached keys and
+    values, scores exactly what one full sequence per (context, choice) scores, to float32 rounding; and the shared
+    path really runs: one row per distinct context with a choice that fits whole, never one per choice."""
+    root, val, _ = project
+    lm = load_lm(root / "data/pretrain/standard-a-base-0/model/hf", "standard-a")
+    items = _mixed_items(val)
+    rows = []
+    real = lm.extend
+    lm.extend = lambda ids, mask, pos, cache, keep=None: (rows.append((ids.shape, cache is None)),
+                                                          real(ids, mask, pos, cache, keep))[1]
+    shared = zeroshot.choice_scores(lm, items, batch_size=8)
+    full = zeroshot.choice_scores(lm, items, batch_size=8, shared=False)
+    one = zeroshot.choice_scores(lm, items, batch_size=1, shared=False)
+    for s, f, o in zip(shared, full, one):
+        assert [b for _, b in s] == [b for _, b in f] == [b for _, b in o]  # bytes scored
+        assert [v for v, _ in s] == pytest.approx([v for v, _ in o], abs=1e-4, rel=1e-5)
+        assert [v for v, _ in f] == pytest.approx([v for v, _ in o], abs=1e-4, rel=1e-5)
+    fits = {it.context for it in items
+            if len(lm.encode(it.context)) + min(len(lm.encode(c)) for c in it.choices) - 1 <= lm.max_len}
+    assert 4 <= len(fits) < len({it.context for it in items}) - 4  # both paths exercised, on several items each
+    context_rows = sum(shape[0] for shape, first in rows if first)
+    assert context_rows == len(fits)
+    # the accuracies built on the shared path are those of the reference
+    assert zeroshot.accuracy(items, shared, True) == zeroshot.accuracy(items, one, True)
+
+
+@mutant("zeroshot-context-shifted")
+def _(monkeypatch):  # the cached context loses its first token (an off-by-one in the context rows)
+    real = zeroshot._shared_contexts
+    monkeypatch.setattr(zeroshot, "_shared_contexts",
+                        lambda lm, groups, b: real(lm, [(c[1:] or c, xs) for c, xs in groups], b))
+
+
+@mutant("zeroshot-choices-swapped")
+def _(monkeypatch):  # the scores of a context's continuations come back in another order
+    real = zeroshot._shared_contexts
+    monkeypatch.setattr(zeroshot, "_shared_contexts", lambda lm, groups, b: [s[::-1] for s in real(lm, groups, b)])
+
+
+@mutant("zeroshot-positions-restart")
+def _(monkeypatch):  # the continuations' positions restart at 0 instead of following their context (RoPE)
+    real = zeroshot._shared_contexts
+
+    def restart(lm, groups, b):
+        extend = lm.extend
+        lm.extend = lambda ids, mask, pos, cache, keep=None: extend(ids, mask, pos - pos[:, :1], cache, keep)
+        try:
+            return real(lm, groups, b)
+        finally:
+            lm.extend = extend
+    monkeypatch.setattr(zeroshot, "_shared_contexts", restart)
+
+
+test_the_shared_context_test_catches = mutation_checks([
+    (m, "tests/test_evaluate.py::test_shared_context_scores_equal_one_sequence_per_choice")
+    for m in ("zeroshot-context-shifted", "zeroshot-choices-swapped", "zeroshot-positions-restart")])

@@ -19,7 +19,7 @@ import yaml
 from conftest import MICRO, ROOT
 from lightning.pytorch.callbacks import Callback
 from mlflow import MlflowClient
-from mutants import assert_caught, mutant
+from mutants import assert_caught, mutant, mutation_checks
 from test_tracking import db, project  # noqa: F401  (fixtures: a shared sqlite store, a project root per test)
 from test_train import FailAt, make_shards, micro_raw
 from workspace import workspace_copy
@@ -152,9 +152,11 @@ def test_every_stage_runs_after_the_params_check():
 
 
 def test_make_repro_checks_params_before_dvc():
+    """`make repro` is `scalelab repro`, which runs the params check before the flow (tests/test_cli.py); nothing in
+    the recipe starts DVC or the flow before it."""
     out = _run(["make", "-n", "repro"], ROOT, os.environ).stdout.splitlines()
-    check = next(i for i, line in enumerate(out) if "-m scalelab.pipeline.check" in line)
-    assert check < next(i for i, line in enumerate(out) if "dvc repro" in line or "flows/pipeline.py" in line)
+    first = next(i for i, line in enumerate(out) if "scalelab repro" in line)
+    assert not any("dvc repro" in line or "flows/pipeline.py" in line for line in out[:first])
 
 
 # ---------------------------------------------------------------- 7. one line per user error, an exit code per kind
@@ -668,3 +670,128 @@ def test_a_session_that_leaves_a_process_behind_fails(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- 13. progress with an ETA on every long loop
+class _Clock:
+    def __init__(self, dt: float):
+        self.t, self.dt = 0.0, dt
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self) -> None:
+        self.t += self.dt
+
+
+class _Terminal:
+    """A stream that says it is a terminal (what a user's shell gives a stage)."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def _lines(records) -> list[str]:
+    return [r.getMessage() for r in records if r.name == "scalelab.progress"]
+
+
+def test_progress_off_a_terminal_is_a_line_at_each_step_with_its_eta(caplog):
+    """100 units, 1 s each, a line per 10%: at 10, 20, ..., 100 done, each with elapsed/done × left as its ETA, the
+    last with the total time; nothing on the stream (no bar when it is not a terminal)."""
+    import io
+
+    from scalelab.runtime.log import Progress
+
+    clock, stream = _Clock(1.0), io.StringIO()
+    with caplog.at_level("INFO", logger="scalelab.progress"):
+        with Progress(100, "perplexity", "batches", step=0.1, min_interval=0, stream=stream, clock=clock) as bar:
+            for _ in range(100):
+                clock.tick()
+                bar.update()
+    lines = _lines(caplog.records)
+    assert [int(re.search(r"\((\d+)/100", line).group(1)) for line in lines] == list(range(10, 101, 10)), lines
+    assert lines[0] == "perplexity: 10% (10/100 batches), 10s elapsed, ETA 1m30s"
+    assert lines[4] == "perplexity: 50% (50/100 batches), 50s elapsed, ETA 50s"
+    assert all("ETA" in line for line in lines[:-1]) and lines[-1] == "perplexity: 100% (100/100 batches) in 1m40s"
+    assert stream.getvalue() == ""
+
+
+def test_progress_lines_are_rate_limited_and_a_slow_step_still_reports(caplog):
+    """Fast units: one line per min_interval at most, however many steps pass; a loop done within it logs nothing.
+    A slow first step: a line after max_interval anyway."""
+    from scalelab.runtime.log import Progress, progress
+
+    clock = _Clock(0.125)
+    with caplog.at_level("INFO", logger="scalelab.progress"):
+        with Progress(1000, "tokenize", step=0.01, min_interval=5, max_interval=60, stream=None, clock=clock) as bar:
+            times = []
+            for _ in range(1000):
+                clock.tick()
+                before = len(_lines(caplog.records))
+                bar.update()
+                if len(_lines(caplog.records)) > before:
+                    times.append(clock.t)
+    assert len(times) == 25 and all(b - a >= 5 for a, b in zip(times, times[1:])), times  # 125 s: one each 5 s
+    assert _lines(caplog.records)[-1] == "tokenize: 100% (1000/1000 it) in 2m05s"
+    caplog.clear()
+    with caplog.at_level("INFO", logger="scalelab.progress"):
+        assert list(progress(range(50), "short", min_interval=5, clock=_Clock(0.01), stream=None)) == list(range(50))
+        assert _lines(caplog.records) == []
+        slow = _Clock(61.0)
+        with Progress(100, "slow", step=0.5, min_interval=5, max_interval=60, clock=slow) as bar:
+            slow.tick()
+            bar.update()  # 1%: no step passed, but a minute went by
+        assert _lines(caplog.records) == ["slow: 1% (1/100 it), 1m01s elapsed, ETA 1h40m"]
+
+
+def test_progress_on_a_terminal_is_a_bar_not_log_lines(caplog):
+    from scalelab.runtime.log import progress
+
+    term = _Terminal()
+    with caplog.at_level("INFO", logger="scalelab.progress"):
+        assert sum(progress(range(30), "calibration", unit="blocks", stream=term, min_interval=0)) == sum(range(30))
+    assert _lines(caplog.records) == []
+    assert "calibration" in term.text and "30/30" in term.text and "\r" in term.text, term.text
+
+
+@mutant("progress-without-eta")
+def _(monkeypatch):
+    from scalelab.runtime import log
+
+    line = log.Progress.line
+    monkeypatch.setattr(log.Progress, "line", lambda self, now=None: line(self, now).split(", ETA")[0])
+
+
+@mutant("progress-bar-off-a-terminal")
+def _(monkeypatch):
+    from scalelab.runtime import log
+
+    monkeypatch.setattr(log, "_isatty", lambda stream: True)
+
+
+@mutant("progress-lines-every-update")
+def _(monkeypatch):
+    from scalelab.runtime import log
+
+    monkeypatch.setattr(log, "PROGRESS_STEP", 0.0)
+    init = log.Progress.__init__
+    monkeypatch.setattr(log.Progress, "__init__",
+                        lambda self, *a, **k: (init(self, *a, **k), setattr(self, "min_interval", 0.0))[0])
+
+
+test_the_progress_tests_are_caught = mutation_checks([
+    ("progress-without-eta", "tests/test_hardening.py::test_progress_off_a_terminal_is_a_line_at_each_step_with_its_eta"),
+    ("progress-bar-off-a-terminal",
+     "tests/test_hardening.py::test_progress_off_a_terminal_is_a_line_at_each_step_with_its_eta"),
+    ("progress-lines-every-update",
+     "tests/test_hardening.py::test_progress_lines_are_rate_limited_and_a_slow_step_still_reports"),
+])

@@ -3,6 +3,7 @@ from configs (no download)."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,10 +15,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ModelConfig, ModelSource
 from scalelab.model import Transformer, export_hf
 from scalelab.model.hf import load_causal_lm
-from scalelab.model.hidden_decoding import HiddenDecodingLM, StreamCache, attended_pairs, mixing_mask
+from scalelab.model.hidden_decoding import HiddenDecodingLM, StreamCache, attended_pairs
+from scalelab.model.hidden_decoding_dense import dense_run_layers, mixing_mask
 from scalelab.model.hidden_decoding_io import from_source, load_hidden_decoding, save_hidden_decoding
 
 V = 64
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def llama(layers=4, tie=False, seed=0):
@@ -97,17 +100,68 @@ def dependency(model: HiddenDecodingLM, n: int, T: int) -> torch.Tensor:
     return dep
 
 
-@pytest.mark.parametrize("positions", ["shared", "interleaved"])
+@pytest.mark.parametrize("positions", ["shared", "interleaved", "per_layer"])
 @pytest.mark.parametrize("kind", ["within", "mixing"])
 def test_layer_attention_equals_reference_mask(kind, positions):
     n, T = 3, 5
-    model = hd(qwen3(layers=1), n_streams=n, positions=positions, mixing_layers=[0] if kind == "mixing" else [])
+    model = hd(qwen3(layers=1), n_streams=n, positions=positions, mixing_layers=[0])
+    if kind == "within":  # a lone within-stream layer (a config the check refuses: nothing would reach (i, n))
+        model.mixing_layers = frozenset()
     assert model.layer_kind(0) == kind
     assert torch.equal(dependency(model, n, T), reference_mask(kind, n, T))
     # the mask function itself, on the stream-major layout the mixing layers use
     tok, st = torch.arange(T).repeat(n), torch.arange(n).repeat_interleave(T)
     assert torch.equal(mixing_mask(tok, st, tok, st), reference_mask("mixing", n, T).reshape(n * T, n * T))
     assert reference_mask(kind, n, T).sum() == attended_pairs(kind, n, T)
+
+
+@pytest.mark.parametrize("positions", ["shared", "interleaved", "per_layer"])
+@pytest.mark.parametrize("n,attention", [(2, "sfa"), (4, "sfa"), (3, "full")])
+def test_maskless_mixing_equals_the_dense_oracle(n, attention, positions, monkeypatch):
+    """Token-major causal SDPA computes what the dense stream-major (nT)² mask computes (the oracle, the earlier
+    implementation), with no mask tensor in any full-sequence layer and the key/value heads left grouped (GQA)."""
+    from transformers.integrations import sdpa_attention
+
+    model = hd(qwen3(), n_streams=n, attention=attention, positions=positions)
+    e = model.embed(tokens(T=7))
+    calls, real = [], F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, **kw):
+        calls.append((attn_mask, q.shape[1], k.shape[1], kw.get("is_causal")))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(sdpa_attention.torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    out = model.run_layers(e)
+    assert len(calls) == 4 and all(m is None and causal for m, _, _, causal in calls)
+    assert all((hq, hk) == (4, 2) for _, hq, hk, _ in calls)  # GQA: 2 kv heads for 4 query heads, not expanded
+    monkeypatch.undo()
+    torch.testing.assert_close(out, dense_run_layers(model, e), atol=1e-6, rtol=1e-5)
+
+
+def test_rope_positions_per_layer_kind():
+    """per_layer (WeLM-HD): token position i in within-stream layers, n·i + s in mixing layers, as each layer
+    receives them in its own layout; shared and interleaved use one of the two everywhere."""
+    n, T = 3, 5
+    seen = {}
+    for positions, expect in (("per_layer", ("i", "ni+s")), ("shared", ("i", "i")), ("interleaved", ("ni+s", "ni+s"))):
+        model = hd(llama(layers=2), n_streams=n, positions=positions, mixing_layers=[1])
+        for i, layer in enumerate(model.backbone.model.layers):
+            layer.register_forward_pre_hook(lambda m, a, kw, i=i: seen.__setitem__(i, kw["position_embeddings"][0]),
+                                            with_kwargs=True)
+        model.run_layers(model.embed(tokens(B=1, T=T)))
+        rope = lambda pos: model.backbone.model.rotary_emb(torch.zeros(1), pos[None])[0][0]
+        i_, s_ = torch.arange(T), torch.arange(n)
+        table = {"i": i_[None].expand(n, T), "ni+s": n * i_[None] + s_[:, None]}  # [n, T], stream-major
+        torch.testing.assert_close(seen[0], torch.stack([rope(p) for p in table[expect[0]]]))  # rows = streams
+        torch.testing.assert_close(seen[1][0], rope(table[expect[1]].t().reshape(-1)))  # token-major entries
+
+
+def test_mixing_layers_default_spread_through_the_depth():
+    from scalelab.config.hidden_decoding import default_mixing
+
+    assert {L: default_mixing(L) for L in (2, 3, 4, 8, 12)} == {
+        2: [1], 3: [0, 2], 4: [1, 3], 8: [3, 7], 12: [3, 7, 11]}
+    assert default_mixing(30) == [1, 5, 9, 13, 17, 21, 25, 29]
 
 
 def test_full_mode_mixes_in_every_layer():
@@ -132,15 +186,74 @@ def test_within_stream_layers_never_read_another_stream():
     assert not torch.equal(a[2][:, 1:], b[2][:, 1:])
 
 
+# ------------------------------------------------------------------ streams that can differ (METHODS §C, symmetry)
+def _table_grads(model, x):
+    inp, y = x[:, :-1], x[:, 1:]
+    model.zero_grad()
+    model(inp, y).loss.backward()
+    return [t.weight.grad.clone() for t in model.embeddings()]
+
+
+@pytest.mark.parametrize("noise", [None, 0.0])  # the defaults; and equal tables, where only the layout breaks symmetry
+def test_hidden_streams_get_their_own_gradients_and_tables_drift_apart(noise):
+    """Under the default mixing layers (spread through the depth) the last stream's loss reaches every table, each
+    stream's table gets a gradient of its own (not a copy of another's), and after a few AdamW steps the updates of
+    the n tables pairwise differ by far more than their init noise."""
+    kw = {} if noise is None else {"embed_noise": noise}
+    model = hd(llama(), n_streams=4, **kw).train()  # untied head: E_1's gradient comes only through stream 1 too
+    assert sorted(model.mixing_layers) == [1, 3]
+    x = tokens(B=4, T=12)
+    grads = _table_grads(model, x)
+    for s, g in enumerate(grads, 1):
+        assert g.abs().sum() > 0, f"the last stream's loss does not reach E_{s}"
+    for a in range(4):
+        for b in range(a + 1, 4):
+            rel = (grads[a] - grads[b]).norm() / grads[a].norm()
+            assert rel > 0.05, f"E_{a + 1} and E_{b + 1} get (nearly) the same gradient: {rel:.2g}"
+    start = [t.weight.detach().clone() for t in model.embeddings()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for step in range(5):
+        opt.zero_grad()
+        model(*(lambda t: (t[:, :-1], t[:, 1:]))(tokens(B=4, T=12, seed=step))).loss.backward()
+        opt.step()
+    moved = [t.weight.detach() - e for t, e in zip(model.embeddings(), start)]
+    for a in range(4):
+        for b in range(a + 1, 4):
+            assert (moved[a] - moved[b]).norm() > 0.1 * moved[a].norm(), (a, b)
+
+
+def test_settings_with_interchangeable_or_unread_streams_are_refused():
+    """The old defaults on a 4-layer backbone (only the last layer mixing, no noise, shared positions) make the
+    hidden streams interchangeable copies: refused with one line; as soon as one condition goes, they are allowed.
+    A hidden stream with no mixing layer never reaches the prediction: refused."""
+    old = {"n_streams": 4, "mixing_layers": [3], "embed_noise": 0.0, "positions": "shared"}
+    with pytest.raises(ValueError, match="interchangeable"):
+        HiddenDecodingModelConfig(**old).mixing(4)
+    with pytest.raises(ValueError, match="interchangeable"):
+        HiddenDecodingModelConfig(**{**old, "embed_noise": 0.1, "tables": "tied"}).mixing(4)
+    for change in ({"embed_noise": 0.1}, {"mixing_layers": [1, 3]}, {"positions": "per_layer"}, {"n_streams": 2},
+                   {"attention": "full"}):
+        HiddenDecodingModelConfig(**{**old, **change}).mixing(4)
+    with pytest.raises(ValueError, match="never reach"):
+        HiddenDecodingModelConfig(n_streams=2, mixing_layers=[]).mixing(4)
+    HiddenDecodingModelConfig(n_streams=1, mixing_layers=[]).mixing(4)  # n = 1: nothing hidden
+    # the refusal is not a formality: with only the last layer mixing (set behind the check's back), the three
+    # hidden tables receive bit-identical gradients, so they would stay copies forever
+    model = hd(llama(), n_streams=4, mixing_layers=[1, 3], embed_noise=0.0, positions="shared").train()
+    model.mixing_layers = frozenset({3})
+    g = _table_grads(model, tokens(B=4, T=12))
+    assert torch.equal(g[0], g[1]) and torch.equal(g[1], g[2]) and not torch.equal(g[2], g[3])
+
+
 # ------------------------------------------------------------------ decoding
-@pytest.mark.parametrize("positions", ["shared", "interleaved"])
+@pytest.mark.parametrize("positions", ["shared", "interleaved", "per_layer"])
 @pytest.mark.parametrize("n,attention", [(1, "sfa"), (3, "sfa"), (3, "full")])
 def test_cached_decoding_equals_the_full_forward(n, attention, positions):
     model = hd(qwen3(), n_streams=n, attention=attention, positions=positions, mixing_layers=[1, 3],
                embed_noise=0.1)
     x = tokens(T=10)
     full = model(x).logits
-    cache = StreamCache()
+    cache = StreamCache(max_tokens=10 if positions != "shared" else None)  # preallocated, or grown by doubling
     # a prompt, a chunk of two (causal with an offset), then one token at a time
     steps = [model.step(x[:, :4], cache), model.step(x[:, 4:6], cache)]
     steps += [model.step(x[:, t : t + 1], cache) for t in range(6, 10)]
@@ -148,6 +261,18 @@ def test_cached_decoding_equals_the_full_forward(n, attention, positions):
     # every layer holds all n streams of every token: within-stream layers per stream, mixing layers as one sequence
     for i, (k, _) in cache.kv.items():
         assert k.shape[0] * k.shape[2] == x.shape[0] * n * 10
+
+
+def test_decoding_writes_into_a_preallocated_cache():
+    """With max_tokens the buffers are allocated once: every step writes in place (no copy of the cache per token)."""
+    model = hd(llama(), n_streams=2, mixing_layers=[1, 3])
+    x, cache = tokens(T=8), StreamCache(max_tokens=8)
+    model.step(x[:, :3], cache)
+    ptrs = {i: k.data_ptr() for i, (k, _) in cache.kv.items()}
+    for t in range(3, 8):
+        model.step(x[:, t : t + 1], cache)
+        assert {i: k.data_ptr() for i, (k, _) in cache.kv.items()} == ptrs
+    assert cache.kv[1][0].shape[2] == 2 * 8 and cache.kv[0][0].shape[2] == 8  # token-major n·T; per stream T
 
 
 def test_generate_greedy_and_sampling():
@@ -197,8 +322,11 @@ def test_save_reload_and_hugging_face_round_trip(tmp_path, tie):
     meta = json.loads((tmp_path / "hidden_decoding.json").read_text())
     assert meta["model"]["n_streams"] == 3 and meta["mixing_layers"] == [1]
     assert torch.equal(load_hidden_decoding(tmp_path)(x).logits, ref)
-    # the folder is still the backbone's checkpoint for transformers (stream 1's table as its embedding)
-    assert torch.equal(load_causal_lm(tmp_path)(x).logits, model.backbone(x).logits)
+    # transformers refuses the folder rather than loading the plain backbone without the extra tables
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "scalelab_hidden_decoding" and "load_hidden_decoding" in config["note"]
+    with pytest.raises(ValueError, match="scalelab_hidden_decoding"):
+        load_causal_lm(tmp_path)
     # a weights-only checkpoint of the state dict restores the same function on a fresh model
     torch.save(model.state_dict(), tmp_path / "state.pt")
     fresh = hd(llama(tie=tie, seed=5), n_streams=3, mixing_layers=[1])
@@ -209,6 +337,8 @@ def test_save_reload_and_hugging_face_round_trip(tmp_path, tie):
 def test_bad_inputs_fail_with_one_clear_line():
     with pytest.raises(ValueError, match="mixing_layers"):
         hd(llama(layers=2), n_streams=2, mixing_layers=[5])
+    with pytest.raises(ValueError, match=r"mixing_layers \[\]: cells \['n2'\]"):
+        HiddenDecodingConfig(cells={"n1": {}, "n2": {"n_streams": 2}}, grid=["n1", "n2"], mixing_layers=[])
     base = {"cells": {"n1": {}}, "grid": ["n1"]}
     with pytest.raises(ValueError, match="source_dep"):
         HiddenDecodingConfig(**base, source={"cell": "standard-m-base-0"}, source_dep="data/elsewhere")
@@ -223,11 +353,11 @@ def test_flops_are_counted_by_mask_and_controls_match_them():
     T = 16
     cells = {"n4": {"n_streams": 4}, "n1_flops_n4": {"n_streams": 1, "flops_of": {"n_streams": 4}}}
     cfg = HiddenDecodingConfig(cells=cells, grid=list(cells), train={"max_steps": 100, "seq_len": T})
-    backbone = llama()  # 4 layers, d 32, 4 heads of 8, 2 kv heads, d_ff 64, vocab 64; mixing layer: 3
+    backbone = llama()  # 4 layers, d 32, 4 heads of 8, 2 kv heads, d_ff 64, vocab 64; mixing layers: 1, 3
     # by hand: 6 × weights per position (q, o 32·32; k, v 32·16; gate, up, down 32·64) × 4 streams × 4 layers,
     # the head once per token; 12 × 32 per attended pair, pairs counted on the reference masks
     weights = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64
-    pairs = 3 * reference_mask("within", 4, T).sum().item() + reference_mask("mixing", 4, T).sum().item()
+    pairs = 2 * reference_mask("within", 4, T).sum().item() + 2 * reference_mask("mixing", 4, T).sum().item()
     expected = 6 * (4 * 4 * weights + 32 * V) + 12 * 32 * pairs / T
     model = HiddenDecodingLM(backbone, cfg.model("n4"))
     assert model.flops_per_token(T) == pytest.approx(expected, rel=1e-12)
@@ -259,8 +389,8 @@ def test_a_local_llama_continues_training(tmp_path):
     _write_shards(tmp_path / "tokens")
     cfg = HiddenDecodingConfig(
         source={"path": str(tmp_path / "llama")}, source_dep=str(tmp_path / "llama"), mixing_layers=[1],
-        cells={"n2": {"n_streams": 2}}, grid=["n2"],
-        train={"seq_len": 16, "batch_size": 8, "max_steps": 30, "val_every": 15, "ckpt_every": 15,
+        embed_noise=0.0, cells={"n2": {"n_streams": 2}}, grid=["n2"],
+        train={"corpus": "shards", "seq_len": 16, "batch_size": 8, "max_steps": 30, "val_every": 15, "ckpt_every": 15,
                "val_tokens": 512, "optimizer": {"lr": 3e-3}},
     )
     metrics = fit_cell(cfg, "n2", 0, tmp_path / "out", tmp_path / "tokens")
@@ -274,6 +404,93 @@ def test_a_local_llama_continues_training(tmp_path):
     start = LlamaForCausalLM.from_pretrained(tmp_path / "llama").get_input_embeddings().weight
     for s, table in enumerate(reloaded.embeddings(), 1):
         assert (table.weight - start).abs().max() > 1e-3, f"E_{s} did not train"
+
+
+def test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus(tmp_path):
+    """hidden_decoding.source: {path: <a Llama with another vocabulary>}: the cell encodes the prepared documents
+    with the model's own tokenizer (the project's shards, in another vocabulary, are never read), trains, and saves
+    a folder with that tokenizer; a changed corpus changes the config hash."""
+    import polars as pl
+
+    from scalelab.train import hidden_decoding as hdt
+
+    folder, prepared = _own_vocab_llama(tmp_path / "llama"), _prepared(tmp_path / "prepared")
+    cfg = HiddenDecodingConfig(
+        source={"path": str(folder)}, source_dep=str(folder), cells={"n2": {"n_streams": 2}}, grid=["n2"],
+        train={"seq_len": 16, "batch_size": 8, "max_steps": 20, "val_every": 10, "ckpt_every": 10,
+               "val_tokens": 256, "optimizer": {"lr": 1e-2}})
+    corpus = hdt.load_corpus(cfg, tmp_path / "no-shards", prepared, hdt.backbone_tokenizer(cfg))
+    assert corpus.shards.vocab_size == 40 and int(corpus.shards.train.max()) < 40
+    assert corpus.shards.train[30] == 0  # documents joined by the tokenizer's own EOS
+    metrics = hdt.fit_cell(cfg, "n2", 0, tmp_path / "out", tmp_path / "no-shards", prepared_dir=prepared)
+    assert metrics["steps"] == 20 and metrics["val_loss"] < math.log(40) - 1.0
+    assert (tmp_path / "out/model/tokenizer.json").is_file()
+    assert load_hidden_decoding(tmp_path / "out/model").n == 2
+    (prepared / "val.parquet").unlink()
+    pl.DataFrame({"text": ["w1 w2 w3"] * 20}).write_parquet(prepared / "val.parquet")
+    other = hdt.load_corpus(cfg, tmp_path / "no-shards", prepared, hdt.backbone_tokenizer(cfg))
+    assert hdt.config_hash(cfg, "n2", 0, 20, other) != hdt.config_hash(cfg, "n2", 0, 20, corpus)
+
+
+def _own_vocab_llama(folder):
+    """A tiny local Llama with a 40-word tokenizer of its own (its table has V = 64 rows)."""
+    llama(layers=2).save_pretrained(folder)
+    _word_tokenizer(["<eos>", "<unk>"] + [f"w{i}" for i in range(38)]).save_pretrained(folder)
+    return folder
+
+
+def _prepared(folder):
+    """data/prepared in the prepare stage's format, in a learnable order: w_k is followed by w_{k+1}."""
+    import polars as pl
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 80), ("val", 20)):
+        docs = [" ".join(f"w{(k + j) % 38}" for j in range(30)) for k in rng.integers(0, 38, n)]
+        pl.DataFrame({"text": docs}).write_parquet(folder / f"{split}.parquet")
+    return folder
+
+
+def _stage_project(root):
+    """A project whose only data is data/prepared and a local Llama of its own vocabulary (no token shards)."""
+    import yaml
+
+    _own_vocab_llama(root / "models/llama")
+    _prepared(root / "data/prepared")
+    params = yaml.safe_load((ROOT / "tests/micro_params.yaml").read_text())
+    params["hidden_decoding"].update(
+        source={"path": "models/llama"}, source_dep="models/llama", grid=["n2", "n4"],
+        cells={"n2": {"n_streams": 2}, "n4": {"n_streams": 4}})
+    return params
+
+
+def test_stage_refuses_interchangeable_streams_before_any_compute(tmp_path, monkeypatch):
+    """The old settings (n = 4, only the last layer mixing, no noise, shared positions) stop the stage with one
+    line naming the cell, before the corpus is encoded or anything is written."""
+    import argparse
+    import importlib.util
+
+    from scalelab.config import ParamsError, parse_params
+
+    params = _stage_project(tmp_path)
+    params["hidden_decoding"].update(mixing_layers=[1], embed_noise=0.0, positions="shared")
+    spec = importlib.util.spec_from_file_location("hd_stage", ROOT / "stages/hidden_decoding.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ParamsError, match=r"^cell n4: .*interchangeable[^\n]*$"):
+        stage.train(parse_params(params), argparse.Namespace(cell="n4", seed=0))
+    assert not (tmp_path / "data/hidden_decoding").exists() and not (tmp_path / "metrics").exists()
+    parse_params(params).hidden_decoding.model("n2").mixing(2)  # n = 2 passes: one hidden stream, nothing to swap
+
+
+def _word_tokenizer(words):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
 
 
 def test_tables_start_as_exact_copies_of_the_backbones_embedding():
@@ -293,7 +510,7 @@ def _resume_cfg(folder):
     return HiddenDecodingConfig(
         source={"path": str(folder)}, source_dep=str(folder), mixing_layers=[1], embed_noise=0.1,
         cells={"n2": {"n_streams": 2}}, grid=["n2"],
-        train={"seq_len": 16, "batch_size": 4, "max_steps": 8, "val_every": 4, "ckpt_every": 4,
+        train={"corpus": "shards", "seq_len": 16, "batch_size": 4, "max_steps": 8, "val_every": 4, "ckpt_every": 4,
                "val_tokens": 256, "optimizer": {"lr": 3e-3}})
 
 
@@ -330,9 +547,10 @@ def test_an_interrupted_cell_resumes_to_the_uninterrupted_result(tmp_path, monke
     a, b = (load_hidden_decoding(tmp_path / d / "model").state_dict() for d in ("straight", "resumed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
-    chash = hdt.config_hash(cfg, "n2", 0, 8, shards)
+    corpus = hdt.load_corpus(cfg, shards, tmp_path / "no-prepared", None)
+    chash = hdt.config_hash(cfg, "n2", 0, 8, corpus)
     llama(layers=2, seed=1).save_pretrained(tmp_path / "llama")  # same config, other weights
-    assert hdt.config_hash(cfg, "n2", 0, 8, shards) != chash
+    assert hdt.config_hash(cfg, "n2", 0, 8, corpus) != chash
 
 
 # ------------------------------------------------------------------ the summary's comparisons and claims
@@ -341,27 +559,62 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
 
     cfg = HiddenDecodingConfig(
         cells={"n1": {}, "n2": {"n_streams": 2}, "n4": {"n_streams": 4},
-               "n4full": {"n_streams": 4, "attention": "full"},
+               "n4full": {"n_streams": 4, "attention": "full"}, "n4tied": {"n_streams": 4, "tables": "tied"},
                "c2": {"flops_of": {"n_streams": 2}}, "c4": {"flops_of": {"n_streams": 4}}},
-        grid=["n1", "n2", "n4", "n4full", "c2", "c4"], seeds=[0, 1, 2])
-    assert hdr.roles(cfg) == {"base": {1: "n1", 2: "n2", 4: "n4"}, "full": {4: "n4full"}, "control": {2: "c2", 4: "c4"}}
+        grid=["n1", "n2", "n4", "n4full", "n4tied", "c2", "c4"], seeds=[0, 1, 2])
+    assert hdr.roles(cfg) == {"base": {1: "n1", 2: "n2", 4: "n4"}, "full": {4: "n4full"},
+                              "control": {2: "c2", 4: "c4"}, "tied": {4: "n4tied"}}
     # n = 2 helps by 0.10 and n = 4 by 0.05 at equal tokens; at equal FLOPs the controls close most of it, and
-    # n = 4 falls behind its control; SFA is 0.001 worse than full. Seed offsets cancel in the pairing.
-    loss = {"n1": 3.0, "n2": 2.9, "n4": 2.95, "n4full": 2.949, "c2": 2.92, "c4": 2.9}
+    # n = 4 falls behind its control; full attention gains 0.051, SFA keeps 98% of it; tied tables lose 0.04.
+    # Seed offsets cancel in the pairing.
+    loss = {"n1": 3.0, "n2": 2.9, "n4": 2.95, "n4full": 2.949, "n4tied": 2.99, "c2": 2.92, "c4": 2.9}
     for cell, value in loss.items():
         for seed in cfg.seeds:
             jitter = 0.001 * np.random.default_rng([seed, *map(ord, cell)]).standard_normal()  # per cell and seed
             (tmp_path / f"{cell}-{seed}.json").write_text(json.dumps({"val_loss": value + 0.3 * seed + jitter}))
     cmp = hdr.comparisons(hdr.collect(tmp_path, cfg), cfg)
     assert cmp["gain_tokens"][2] == pytest.approx([0.1] * 3, abs=0.003)
-    verdicts = {c["id"]: c["verdict"] for c in hdr.claims(cmp, margin=0.02)}
+    assert cmp["gain_full"][4] == pytest.approx([0.051] * 3, abs=0.003)
+    verdicts = {c["id"]: c["verdict"] for c in hdr.claims(cmp, sfa_fraction=0.8)}
     assert verdicts == {"C.gain.tokens.n2": "reproduced", "C.gain.tokens.n4": "reproduced",
                         "C.grows.tokens.n2-n4": "contradicted", "C.gain.flops.n2": "reproduced",
                         "C.gain.flops.n4": "contradicted", "C.grows.flops.n2-n4": "contradicted",
-                        "C.sfa.n4": "reproduced"}
+                        "C.gain.full.n4": "reproduced", "C.sfa.n4": "reproduced", "C.tables.n4": "reproduced"}
     (tmp_path / "c4-1.json").unlink()
     with pytest.raises(ValueError, match="c4-1.json: missing"):
         hdr.collect(tmp_path, cfg)
+
+
+def test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise():
+    """SFA keeping half of full's gain is contradicted (the claim asks 80%); without a reproduced full-attention
+    gain, or without a reproduced gain at the smaller n, those claims are inconclusive and say why, whatever their
+    own interval shows."""
+    from scalelab.analysis import hidden_decoding as hdr
+
+    seeds = lambda x, j=(-0.002, 0.0, 0.003): [x + d for d in j]
+    cmp = {"gain_tokens": {2: seeds(0.08), 4: seeds(0.05, (0.001, -0.003, 0.002))}, "gain_flops": {},
+           "gain_full": {4: seeds(0.10)},
+           "sfa_minus_full": {}, "tables": {}}
+    v = {c["id"]: c for c in hdr.claims(cmp, sfa_fraction=0.8)}
+    assert v["C.sfa.n4"]["verdict"] == "contradicted"  # 0.05 − 0.8 · 0.10 < 0
+    assert v["C.sfa.n4"]["effect"] == pytest.approx(0.05 - 0.08, abs=1e-3)
+    assert v["C.grows.tokens.n2-n4"]["verdict"] == "contradicted"
+    # premises not reproduced: full attention gains nothing; n = 2 gains nothing
+    cmp = {"gain_tokens": {2: seeds(0.0), 4: seeds(0.05, (0.001, -0.003, 0.002))}, "gain_flops": {},
+           "gain_full": {4: seeds(-0.001)},
+           "sfa_minus_full": {}, "tables": {}}
+    v = {c["id"]: c for c in hdr.claims(cmp, sfa_fraction=0.8)}
+    assert v["C.gain.full.n4"]["verdict"] != "reproduced"
+    assert v["C.sfa.n4"]["verdict"].startswith("inconclusive (full attention's gain at n = 4 not reproduced")
+    assert v["C.sfa.n4"]["effect"] > 0  # its own interval alone would have said reproduced
+    assert v["C.grows.tokens.n2-n4"]["verdict"].startswith("inconclusive (the gain at n = 2 not reproduced")
+    assert all(tuple(c) == ledger_fields() for c in v.values())
+
+
+def ledger_fields():
+    from scalelab.analysis.claims import FIELDS
+
+    return FIELDS
 
 
 # ------------------------------------------------------------------ mutation checks (tests/mutants.py)
@@ -405,12 +658,79 @@ def _(monkeypatch):
     monkeypatch.setattr(hdt, "source_digest", lambda location: location)
 
 
+@mutant("hd-symmetry-check-removed")  # interchangeable or unread hidden streams accepted
+def _(monkeypatch):
+    from scalelab.config.hidden_decoding import default_mixing
+
+    def mixing(self, n_layer):
+        if self.attention == "full":
+            return list(range(n_layer))
+        return sorted(set(self.mixing_layers if self.mixing_layers is not None else default_mixing(n_layer)))
+
+    monkeypatch.setattr(HiddenDecodingModelConfig, "mixing", mixing)
+
+
+@mutant("hd-dense-mixing-restored")  # the earlier stream-major (nT)² mask implementation in the model
+def _(monkeypatch):
+    real = HiddenDecodingLM.run_layers
+    monkeypatch.setattr(HiddenDecodingLM, "run_layers", lambda self, h, cache=None, hidden_out=None:
+                        dense_run_layers(self, h) if cache is None else real(self, h, cache, hidden_out))
+
+
+@mutant("hd-per-layer-as-shared")  # per_layer positions silently the shared scheme
+def _(monkeypatch):
+    from scalelab.config import hidden_decoding as cfg
+
+    monkeypatch.setitem(cfg.POSITIONS, "per_layer", ("token", "token"))
+
+
+@mutant("hd-cache-not-preallocated")  # max_tokens ignored: buffers regrown (copied) as decoding goes
+def _(monkeypatch):
+    real = StreamCache.__init__
+    monkeypatch.setattr(StreamCache, "__init__", lambda self, max_tokens=None: real(self, None))
+
+
+@mutant("hd-folder-loads-as-backbone")  # the backbone's config.json left in the HD folder
+def _(monkeypatch):
+    from scalelab.model import hidden_decoding_io as io
+
+    real = io.save_hidden_decoding
+
+    def save(model, out_dir, tokenizer=None):
+        real(model, out_dir, tokenizer)
+        meta = json.loads((Path(out_dir) / io.CONFIG_NAME).read_text())
+        (Path(out_dir) / "config.json").write_text(json.dumps(meta["backbone"]))
+
+    monkeypatch.setattr(io, "save_hidden_decoding", save)
+    monkeypatch.setitem(globals(), "save_hidden_decoding", save)
+
+
+@mutant("hd-own-tokenizer-ignored")  # a path source trains on the project's shards, as before
+def _(monkeypatch):
+    monkeypatch.setattr(HiddenDecodingConfig, "uses_text", lambda self: False)
+
+
+@mutant("hd-claims-ungated")  # SFA and growth claims decided whatever their premise
+def _(monkeypatch):
+    from scalelab.analysis import hidden_decoding as hdr
+
+    monkeypatch.setattr(hdr, "_gated", lambda entry, premise, why: entry)
+
+
 T = "tests/test_hidden_decoding.py::"
 CAUGHT = [
     ("hd-tables-frozen", f"{T}test_a_local_llama_continues_training"),
     ("hd-tables-not-copied", f"{T}test_tables_start_as_exact_copies_of_the_backbones_embedding"),
     ("hd-resume-ignored", f"{T}test_an_interrupted_cell_resumes_to_the_uninterrupted_result"),
     ("hd-hash-ignores-backbone", f"{T}test_an_interrupted_cell_resumes_to_the_uninterrupted_result"),
+    ("hd-symmetry-check-removed", f"{T}test_settings_with_interchangeable_or_unread_streams_are_refused"),
+    ("hd-symmetry-check-removed", f"{T}test_stage_refuses_interchangeable_streams_before_any_compute"),
+    ("hd-dense-mixing-restored", f"{T}test_maskless_mixing_equals_the_dense_oracle"),
+    ("hd-per-layer-as-shared", f"{T}test_rope_positions_per_layer_kind"),
+    ("hd-cache-not-preallocated", f"{T}test_decoding_writes_into_a_preallocated_cache"),
+    ("hd-folder-loads-as-backbone", f"{T}test_save_reload_and_hugging_face_round_trip"),
+    ("hd-own-tokenizer-ignored", f"{T}test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus"),
+    ("hd-claims-ungated", f"{T}test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise"),
 ]
 
 

@@ -54,7 +54,7 @@ def test_the_flow_builds_every_stage_once_then_nothing(built):
     statuses = {r["stage"]: r["status"] for r in state.result()}
     stages = set(yaml.safe_load((ws / "dvc.lock").read_text())["stages"])
     assert {"prepare", "tokenizer", "tokenize", "scaling", "pretrain@unified-c-0", "pretrain_recipe@muon-standard-a-0",
-            "optimizers@muon-b", "leaderboard", "compress@sigmascale-0.5-0", "hidden_decoding@n2-0",
+            "optimizers@muon-b", "leaderboard", "compress@0", "hidden_decoding@n2-0",
             "evaluate@unified-c-0", "report"} <= stages
     assert set(statuses) == stages and set(statuses.values()) == {"ran"}  # every stage, each once, in dvc.lock
     # the cells learned: validation loss clearly below a uniform guess, ln(vocab)

@@ -279,3 +279,48 @@ def _(monkeypatch):  # the rule before: a zero-width interval above 0 reproduces
 def test_the_zero_spread_test_catches_the_old_rule():
     assert_caught("tests/test_scaling.py::test_identical_seed_differences_are_inconclusive_by_the_stated_rule",
                   "spread0-old-rule")
+
+
+def _dose_rows(moved_at: float, gain: float):
+    """Three seeds; decay on input γ at doses 1, 10, 100: mean γ shrinks by 0.01 below `moved_at` and by 0.3 from it
+    on (seed noise 0.01); the loss falls by `gain` (± 0.002 by seed) where γ moved; output-norm decay never moves γ."""
+    rows = []
+    for seed in (0, 1, 2):
+        rows.append({"arm": "standard", "dose": 0.0, "seed": seed, "val_loss": 5.0, "gamma_in": 1.05,
+                     "gamma_out": 1.0, "sharpness": 50.0})
+        for dose in (1.0, 10.0, 100.0):
+            moved = dose >= moved_at
+            rows.append({"arm": "wd_in", "dose": dose, "seed": seed, "gamma_out": 1.0, "sharpness": 40.0,
+                         "gamma_in": 1.05 - (0.3 if moved else 0.01) - 0.01 * seed,
+                         "val_loss": 5.0 - (gain + 0.002 * seed if moved else 0.0)})
+            rows.append({"arm": "wd_out", "dose": dose, "seed": seed, "gamma_in": 1.05, "sharpness": 50.0,
+                         "gamma_out": 1.0 - 0.001 * seed, "val_loss": 5.0 + 0.001 * seed})
+    return rows
+
+
+def test_gamma_decay_claims_are_decided_at_the_lowest_dose_that_moves_gamma():
+    """The dose table pairs every dose with no decay by seed; wd_in is decided at 10x (the lowest dose whose shrinkage
+    interval clears 0.05), where the loss gain reproduces the claim; wd_out never moves γ: inconclusive, not a loss
+    comparison at a dose that did nothing."""
+    rows = _dose_rows(moved_at=10.0, gain=0.05)
+    table = {(e["arm"], e["dose"]): e for e in claims_a.dose_table(rows)}
+    assert table["wd_in", 1.0]["shrinkage"] == pytest.approx(0.02) and table["wd_in", 10.0]["n_seeds"] == 3
+    assert table["wd_in", 10.0]["shrinkage"] == pytest.approx(0.31)
+    assert table["wd_in", 10.0]["sharpness_drop"] == pytest.approx(np.log(50 / 40))
+    entries = {e["id"]: e for e in claims_a.dose_claims(rows)}
+    e = entries["dose.wd_in_helps"]
+    assert "10x" in e["claim"] and e["verdict"] == "reproduced" and e["effect"] == pytest.approx(0.052)
+    assert entries["dose.wd_out_hurts"]["verdict"] == "inconclusive (γ did not move)"
+    e = _by_id(claims_a.dose_claims(_dose_rows(moved_at=100.0, gain=-0.05)))["dose.wd_in_helps"]
+    assert "100x" in e["claim"] and e["verdict"] == "contradicted"
+
+
+@mutant("dose-lowest-ignored")  # the claims read at the largest dose, whether or not lower doses moved γ
+def _(monkeypatch):
+    monkeypatch.setattr(claims_a, "min", max, raising=False)
+
+
+@pytest.mark.mutation
+def test_dose_choice_is_caught():
+    assert_caught("tests/test_scaling.py::test_gamma_decay_claims_are_decided_at_the_lowest_dose_that_moves_gamma",
+                  "dose-lowest-ignored")

@@ -230,3 +230,57 @@ def recipe_table(entries: list[dict]) -> str:
     rows = [f"| claim | {' | '.join(recipes)} |", "|---" * (len(recipes) + 1) + "|"]
     rows += [f"| {LABELS[k]} | {' | '.join(cell(by_id.get(f'{r}.{k}')) for r in recipes)} |" for k in keys]
     return "\n".join(rows)
+
+
+# METHODS §A's weight-decay claims at a dose (issue 19): at the matrices' rate, decay on γ over a short run moves it
+# little (λ·η·T ≈ 0.05), so the claims are decided at the lowest dose of a dose-response that moves γ.
+DOSE_KINDS = {"wd_in": ("input", "gamma_in"), "wd_out": ("output", "gamma_out")}
+
+
+def dose_table(rows: list[dict], level: float = 0.95) -> list[dict]:
+    """Per decayed kind (`arm` wd_in / wd_out) and dose (decay on those γ as a multiple of the matrices'), paired by
+    seed against dose 0 (arm "standard": no decay on γ): the shrinkage of that kind's mean γ (γ̄₀ − γ̄_d), the loss
+    gain (loss₀ − loss_d, positive: the decay helps) and the sharpness drop (log λ₀ − log λ_d); each the mean over
+    seeds with its t-interval half-width (`*_spread`, None for one seed). `rows`: one dict per run with arm, dose,
+    seed, val_loss, gamma_in, gamma_out, sharpness (None: not converged)."""
+    zero = {r["seed"]: r for r in rows if r["arm"] == "standard"}
+    out = []
+    for arm, (kind, col) in DOSE_KINDS.items():
+        for dose in sorted({r["dose"] for r in rows if r["arm"] == arm}):
+            mine = [(zero[r["seed"]], r) for r in rows if r["arm"] == arm and r["dose"] == dose and r["seed"] in zero]
+            entry = {"arm": arm, "kind": kind, "dose": dose, "n_seeds": len(mine)}
+            for name, diff in (("shrinkage", lambda a, b: a[col] - b[col]),
+                               ("loss_gain", lambda a, b: a["val_loss"] - b["val_loss"]),
+                               ("sharpness_drop", lambda a, b: math.log(a["sharpness"]) - math.log(b["sharpness"])
+                                if a["sharpness"] and b["sharpness"] and a["sharpness"] > 0 and b["sharpness"] > 0
+                                else None)):
+                vals = [v for a, b in mine if (v := diff(a, b)) is not None]
+                ci = t_interval(vals, level)
+                entry[name] = statistics.fmean(vals) if vals else None
+                entry[f"{name}_spread"] = None if ci is None else ci[2] - ci[0]
+            out.append(entry)
+    return out
+
+
+def dose_claims(rows: list[dict], moves: float = 0.05, level: float = 0.95) -> list[dict]:
+    """The wd_in / wd_out claims decided at the lowest dose whose paired shrinkage of mean γ has its t interval above
+    `moves` (the decay measurably moved γ); no such dose: inconclusive (γ did not move). wd_in helps: loss₀ − loss_d
+    > 0; wd_out hurts: loss_d − loss₀ > 0; both paired by seed (claims.claim's rule)."""
+    table = dose_table(rows, level)
+    entries = []
+    for arm, key, sign, published in (("wd_in", "wd_in_helps", 1, PUB_WD), ("wd_out", "wd_out_hurts", -1, PUB_WD)):
+        moved = [e for e in table if e["arm"] == arm and e["n_seeds"] >= 2 and e["shrinkage"] is not None
+                 and e["shrinkage"] - e["shrinkage_spread"] > moves]
+        text = LABELS[key].replace("standard", "no decay on γ")
+        if not moved:
+            entries.append(claim(f"dose.{key}", text, f"no dose moved mean γ by > {moves}", [], published, level))
+            entries[-1]["verdict"] = "inconclusive (γ did not move)"
+            continue
+        dose = min(e["dose"] for e in moved)
+        zero = {r["seed"]: r["val_loss"] for r in rows if r["arm"] == "standard"}
+        diffs = [sign * (zero[r["seed"]] - r["val_loss"]) for r in rows
+                 if r["arm"] == arm and r["dose"] == dose and r["seed"] in zero]
+        entries.append(claim(f"dose.{key}", f"{text}, at {dose:g}x the matrices' decay (the lowest dose that moves γ)",
+                             f"final val loss, paired by seed, decay on γ at {dose:g}x vs none", diffs, published,
+                             level))
+    return entries

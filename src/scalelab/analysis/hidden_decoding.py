@@ -3,9 +3,15 @@ equal training FLOPs, SFA against full attention, their claims-ledger entries an
 
 Roles of the grid's cells, read from their params (hidden_decoding.cells):
     base[n]     n streams, SFA, the base token budget           equal tokens: base[1] vs base[n]
-    full[n]     n streams, full attention, the base budget      SFA vs full:  base[n] vs full[n]
+    full[n]     n streams, full attention, the base budget      full's gain:  base[1] vs full[n]
     control[n]  one stream, FLOPs matched to base[n]            equal FLOPs:  control[n] vs base[n]
+    tied[n]     n streams, SFA, one shared table                tables:       tied[n] vs base[n]
 Every comparison is paired by seed: cells of one seed continue the same backbone on the same batches.
+
+Claims that can fail, and are only decided where their premise holds (else "inconclusive (<why>)"):
+    SFA keeps ≥ `sfa_fraction` of full attention's gain at equal n: gain_SFA − f·gain_full > 0 per seed; decided
+        only when full attention's own gain at that n is reproduced.
+    the gain grows with n (n_lo → n_hi): gain(n_hi) − gain(n_lo) > 0; decided only when gain(n_lo) is reproduced.
 """
 
 from __future__ import annotations
@@ -24,13 +30,15 @@ PUBLISHED_SFA = "Hidden Decoding (WeLM-HD4): SFA in place of full attention at n
 
 
 def roles(hd: HiddenDecodingConfig) -> dict[str, dict[int, str]]:
-    """{"base", "full", "control"} → {n_streams: cell name} over the cells of `hd.grid` (first one wins)."""
-    out: dict[str, dict[int, str]] = {"base": {}, "full": {}, "control": {}}
+    """{"base", "full", "control", "tied"} → {n_streams: cell name} over the cells of `hd.grid` (first one wins)."""
+    out: dict[str, dict[int, str]] = {"base": {}, "full": {}, "control": {}, "tied": {}}
     for name in hd.grid:
         c = hd.cells[name]
-        if c.flops_of is None:
+        if c.flops_of is None and c.tables == "tied" and c.n_streams > 1:
+            out["tied"].setdefault(c.n_streams, name)
+        elif c.flops_of is None and c.tables == "separate":
             out["base" if c.attention == "sfa" else "full"].setdefault(c.n_streams, name)
-        elif c.n_streams == 1 and c.flops_of.attention == "sfa":
+        elif c.flops_of is not None and c.n_streams == 1 and c.flops_of.attention == "sfa":
             out["control"].setdefault(c.flops_of.n_streams, name)
     return out
 
@@ -58,37 +66,59 @@ def _paired(cells: dict[str, dict[int, dict]], a: str, b: str) -> list[float]:
 
 def comparisons(cells: dict[str, dict[int, dict]], hd: HiddenDecodingConfig) -> dict[str, dict[int, list[float]]]:
     """Per-seed differences by n: gain at equal tokens (loss n=1 − loss n), gain at equal FLOPs (loss of the
-    FLOP-matched n=1 control − loss n), and SFA − full (loss; negative when SFA is better)."""
+    FLOP-matched n=1 control − loss n), full attention's gain (loss n=1 − loss full n), SFA − full (loss; negative
+    when SFA is better), and what separate tables add (loss tied n − loss n)."""
     r = roles(hd)
     base1 = r["base"].get(1)
     return {
         "gain_tokens": {n: _paired(cells, base1, c) for n, c in r["base"].items() if n > 1 and base1},
         "gain_flops": {n: _paired(cells, r["control"][n], c) for n, c in r["base"].items() if n in r["control"]},
+        "gain_full": {n: _paired(cells, base1, c) for n, c in r["full"].items() if n > 1 and base1},
         "sfa_minus_full": {n: _paired(cells, c, r["full"][n]) for n, c in r["base"].items() if n in r["full"]},
+        "tables": {n: _paired(cells, c, r["base"][n]) for n, c in r["tied"].items() if n in r["base"]},
     }
 
 
-def claims(cmp: dict[str, dict[int, list[float]]], margin: float, level: float = 0.95) -> list[dict]:
-    """Ledger entries (scalelab.analysis.claims): n beats n=1, and gains grow with n, at equal tokens and at equal
-    FLOPs; SFA within `margin` nats of full attention (non-inferiority: margin − (SFA − full) > 0)."""
+def _gated(entry: dict, premise: dict, why: str) -> dict:
+    """`entry` decided only when `premise` is reproduced; else inconclusive, saying which premise failed."""
+    entry["rule"] += f"; decided only if {premise['id']} is reproduced"
+    if premise["verdict"] != ledger.REPRODUCED:
+        entry["verdict"] = f"{ledger.INCONCLUSIVE} ({why} not reproduced: {premise['verdict']})"
+    return entry
+
+
+def claims(cmp: dict[str, dict[int, list[float]]], sfa_fraction: float, level: float = 0.95) -> list[dict]:
+    """Ledger entries (scalelab.analysis.claims): n beats n=1, and gains grow with n (where the smaller n's gain is
+    reproduced), at equal tokens and at equal FLOPs; full attention beats n=1; SFA keeps `sfa_fraction` of full
+    attention's gain (where full's gain is reproduced); separate tables beat tied ones."""
     out = []
     for key, where in (("gain_tokens", "equal tokens"), ("gain_flops", "equal FLOPs")):
-        gains = cmp[key]
-        for n in sorted(gains):
-            out.append(ledger.claim(f"C.gain.{key.split('_')[1]}.n{n}",
-                                    f"n = {n} lowers last-stream val loss vs n = 1 at {where}",
-                                    "val_loss(n=1) − val_loss(n)", gains[n], PUBLISHED, level))
+        gains, tag = cmp[key], key.split("_")[1]
+        entries = {n: ledger.claim(f"C.gain.{tag}.n{n}", f"n = {n} lowers last-stream val loss vs n = 1 at {where}",
+                                   "val_loss(n=1) − val_loss(n)", gains[n], PUBLISHED, level) for n in sorted(gains)}
+        out.extend(entries.values())
         ns = sorted(gains)
         for lo, hi in zip(ns, ns[1:]):
             grow = [b - a for a, b in zip(gains[lo], gains[hi])]
-            out.append(ledger.claim(f"C.grows.{key.split('_')[1]}.n{lo}-n{hi}",
-                                    f"the gain grows with n at {where}: n = {hi} beats n = {lo}",
-                                    f"gain(n={hi}) − gain(n={lo})", grow, PUBLISHED, level))
-    for n, diffs in sorted(cmp["sfa_minus_full"].items()):
-        out.append(ledger.claim(f"C.sfa.n{n}",
-                                f"SFA within noise of full attention at n = {n} (margin {margin} nats)",
-                                "margin − (val_loss(SFA) − val_loss(full))", [margin - d for d in diffs],
-                                PUBLISHED_SFA, level))
+            out.append(_gated(ledger.claim(f"C.grows.{tag}.n{lo}-n{hi}",
+                                           f"the gain grows with n at {where}: n = {hi} beats n = {lo}",
+                                           f"gain(n={hi}) − gain(n={lo})", grow, PUBLISHED, level),
+                              entries[lo], f"the gain at n = {lo}"))
+    for n, gains in sorted(cmp["gain_full"].items()):
+        full = ledger.claim(f"C.gain.full.n{n}", f"full attention at n = {n} lowers val loss vs n = 1 at equal tokens",
+                            "val_loss(n=1) − val_loss(full, n)", gains, PUBLISHED_SFA, level)
+        out.append(full)
+        if n not in cmp["gain_tokens"]:
+            continue
+        kept = [g_sfa - sfa_fraction * g_full for g_sfa, g_full in zip(cmp["gain_tokens"][n], gains)]
+        out.append(_gated(ledger.claim(f"C.sfa.n{n}",
+                                       f"SFA keeps ≥ {sfa_fraction:.0%} of full attention's gain over n = 1 "
+                                       f"at n = {n}",
+                                       f"gain(SFA) − {sfa_fraction}·gain(full)", kept, PUBLISHED_SFA, level),
+                          full, f"full attention's gain at n = {n}"))
+    for n, diffs in sorted(cmp["tables"].items()):
+        out.append(ledger.claim(f"C.tables.n{n}", f"separate tables beat tied tables at n = {n} (the control)",
+                                "val_loss(tied) − val_loss(separate)", diffs, PUBLISHED, level))
     return out
 
 
@@ -101,7 +131,7 @@ def table(cells: dict[str, dict[int, dict]], hd: HiddenDecodingConfig) -> list[d
     rows = []
     for cell, by_seed in cells.items():
         c, ms = hd.cells[cell], list(by_seed.values())
-        rows.append({"cell": cell, "n_streams": c.n_streams, "attention": c.attention,
+        rows.append({"cell": cell, "n_streams": c.n_streams, "attention": c.attention, "tables": c.tables,
                      "flops_of": c.flops_of.n_streams if c.flops_of else None, "seeds": len(ms),
                      "val_loss": _mean([m["val_loss"] for m in ms]),
                      "val_loss_std": statistics.stdev([m["val_loss"] for m in ms]) if len(ms) > 1 else None,
@@ -111,10 +141,11 @@ def table(cells: dict[str, dict[int, dict]], hd: HiddenDecodingConfig) -> list[d
 
 def gain_rows(cmp: dict[str, dict[int, list[float]]]) -> list[dict]:
     """Mean gain over seeds by n (n = 1 has gain 0 by definition): the gain-vs-n curve."""
-    ns = sorted({1, *cmp["gain_tokens"], *cmp["gain_flops"]})
+    ns = sorted({1, *cmp["gain_tokens"], *cmp["gain_flops"], *cmp["gain_full"]})
     return [{"n_streams": n,
              "gain_tokens": 0.0 if n == 1 else _mean(cmp["gain_tokens"].get(n, [])),
              "gain_flops": 0.0 if n == 1 else _mean(cmp["gain_flops"].get(n, [])),
+             "gain_full": 0.0 if n == 1 else _mean(cmp["gain_full"].get(n, [])),
              "sfa_minus_full": _mean(cmp["sfa_minus_full"].get(n, []))} for n in ns]
 
 

@@ -16,6 +16,7 @@ resample the seeds with replacement, refit the mean curve, and take the percenti
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,10 @@ class PowerLaw:
 
     def __call__(self, n: np.ndarray) -> np.ndarray:
         return self.E + self.A * np.power(np.asarray(n, float), -self.alpha)
+
+    def inverse(self, loss: float) -> float:
+        """The N at which the law reaches `loss`: (A / (L − E))^(1/α); inf at or below the asymptote E."""
+        return math.inf if loss <= self.E or self.A <= 0 else float((self.A / (loss - self.E)) ** (1 / self.alpha))
 
 
 @dataclass(frozen=True)

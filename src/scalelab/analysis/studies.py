@@ -89,7 +89,7 @@ def decided_table(results: Path) -> str:
             notes.append(f"{s['name']}: no ledger ({s['problem']})")
             continue
         main = [e for e in s["entries"] if "@" not in e["id"]]
-        decided = [e for e in main if verdict_of(e) != ledger_rules.INCONCLUSIVE]
+        decided = [e for e in main if verdict_of(e) not in (ledger_rules.INCONCLUSIVE, "observation")]
         rows += [f"| {e['claim']} | {_fmt_effect(e)} | {e['n_seeds']} | **{verdict_of(e)}** | "
                  f"{s['name']} |" for e in decided]
         notes.append(f"{study_label(s)}: {len(decided)} of {len(main)} claims decided, {len(main) - len(decided)} "

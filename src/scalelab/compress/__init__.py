@@ -11,10 +11,11 @@ from scalelab.compress.erank import effective_rank, participation_ratio
 from scalelab.compress.lowrank import LowRankLinear, apply_factors, num_params, register_for, save_lowrank
 from scalelab.compress.methods import Factors, asvd, fwsvd, layer_loss, plain_svd, svd_llm, svd_llm_loss
 from scalelab.compress.rank import rank_for
+from scalelab.compress.shared import Calibration
 from scalelab.compress.sigmascale import sigmascale
 
 __all__ = [
-    "Factors", "LayerRecord", "LowRankLinear", "apply_factors", "asvd", "calibration_batches", "collect",
+    "Calibration", "Factors", "LayerRecord", "LowRankLinear", "apply_factors", "asvd", "calibration_batches", "collect",
     "compress_model", "decoder_linears", "effective_rank", "fisher_rows", "fwsvd", "layer_loss", "num_params",
     "participation_ratio", "plain_svd", "rank_for", "register_for", "save_lowrank", "sigmascale", "svd_llm",
     "svd_llm_loss",

@@ -14,6 +14,8 @@ Calibration windows come from the train split only; the validation split is neve
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,8 +25,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalelab.data.loader import train_batch
+from scalelab.runtime.log import Every
+
+log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (input ids, next-token targets), [B, T] each
+
+
+def eta(done: int, total: int, elapsed: float) -> str:
+    """'done/total, elapsed s, ETA s' for a progress line."""
+    left = elapsed / done * (total - done) if done else float("nan")
+    return f"{done}/{total}, {elapsed:.0f} s, ETA {left:.0f} s"
 
 
 def calibration_batches(train_tokens: np.ndarray, *, samples: int, seq_len: int, batch_size: int,
@@ -114,8 +125,11 @@ def collect(model: nn.Module, batches: Sequence[Batch], names: Sequence[str]) ->
         return fn
 
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in modules.items()]
+    start, every = time.perf_counter(), Every()
     try:
-        for x, _ in batches:
+        for j, (x, _) in enumerate(batches):
+            if every():
+                log.info("calibration statistics: batch %s", eta(j, len(batches), time.perf_counter() - start))
             pending.update(names)
             try:
                 model(input_ids=x.to(dev), use_cache=False)
@@ -158,9 +172,12 @@ def fisher_rows(model: nn.Module, batches: Sequence[Batch], names: Sequence[str]
         p.requires_grad_(False)  # no weight gradients are kept: the hooks read g and x directly
     embed = model.get_input_embeddings().register_forward_hook(lambda m, a, out: out.requires_grad_(True))
     handles = [m.register_forward_hook(hook(name)) for name, m in modules.items()]
+    start, every = time.perf_counter(), Every()
     try:
         with torch.enable_grad():
-            for x, y in batches:
+            for j, (x, y) in enumerate(batches):
+                if every():
+                    log.info("Fisher rows: batch %s", eta(j, len(batches), time.perf_counter() - start))
                 logits = model(input_ids=x.to(dev), use_cache=False).logits
                 ce = F.cross_entropy(logits.float().flatten(0, 1), y.to(dev).flatten(), reduction="none")
                 ce.view(y.shape).mean(1).sum().backward()  # Σ_seq ℓ_seq: each sequence's own gradient

@@ -51,9 +51,26 @@ def _encode(tokenizer, texts: list[str], max_tokens: int) -> np.ndarray:
     return ids[:max_tokens]
 
 
-def from_text(prepared_dir: str | os.PathLike, tokenizer, max_tokens: int) -> Streams:
-    """Encode the first `max_tokens` tokens of each prepared split with the model's tokenizer."""
+def hub_texts(split) -> list[str]:
+    """The documents of a hub dataset split (`scalelab.config.compress.HubSplit`), in order, empty lines dropped."""
+    from datasets import load_dataset
+
+    try:
+        ds = load_dataset(split.hub_id, split.hub_config, split=split.hub_split, revision=split.hub_revision)
+    except Exception as err:  # offline and not cached, unknown id or split: one line naming it
+        raise DataError(f"compress.eval.hub: cannot read {split.hub_id}/{split.hub_config}:{split.hub_split} "
+                        f"({type(err).__name__}: {err})") from None
+    return [t for t in ds[split.text_column] if t.strip()]
+
+
+def from_text(prepared_dir: str | os.PathLike, tokenizer, max_tokens: int, eval_split=None) -> Streams:
+    """Encode the first `max_tokens` tokens of each prepared split with the model's tokenizer; with `eval_split`
+    (a HubSplit) the evaluation stream is that whole split instead (the papers' WikiText-2 test), never capped."""
     prepared_dir = Path(prepared_dir)
     train = _encode(tokenizer, read_prepared(prepared_dir, "train"), max_tokens)
-    val = _encode(tokenizer, read_prepared(prepared_dir, "val"), max_tokens)
+    if eval_split is None:
+        val = _encode(tokenizer, read_prepared(prepared_dir, "val"), max_tokens)
+    else:
+        texts = hub_texts(eval_split)
+        val = _encode(tokenizer, texts, sum(len(t) + 1 for t in texts))  # ≥ its token count: all of it
     return Streams(train, val, len(tokenizer))

@@ -43,7 +43,9 @@ class LowRankLinear(nn.Module):
         self.left = nn.Linear(rank, out_features, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.left(self.right(x))
+        # factors held in float32 while refined (refine.py) read bf16 activations: compute in the factors' dtype
+        dtype = self.right.weight.dtype
+        return self.left(self.right(x.to(dtype))).to(x.dtype) if x.dtype != dtype else self.left(self.right(x))
 
     @classmethod
     @torch.no_grad()

@@ -7,6 +7,11 @@ only, to the uncompressed model (the teacher):
 
     logits   KL(p_teacher ‖ p_student) per token, averaged
     blocks   Σ_l ‖h_l − ĥ_l‖² / ‖h_l‖² over the decoder blocks' outputs (student run on its own inputs)
+
+Two things make the fit move at all (issue 18): the factors are optimised as float32 masters whatever the model's
+dtype (a bf16 entry of 0.01 has a resolution of 4e-5: AdamW steps of lr 1e-5 round away), cast back at the end; and
+each rank-one component is first balanced, ‖L_:i‖ = ‖R_i:‖ (L_:i·a, R_i:/a, the product unchanged): SVD-LLM's
+R·S⁻¹ with an un-normalised Gram leaves R tiny and L huge, so one learning rate fits neither.
 """
 
 from __future__ import annotations
@@ -49,6 +54,15 @@ def _loss(student: nn.Module, teacher: nn.Module, x: torch.Tensor, target: str) 
     return sum(((o.float() - r.float()) ** 2).sum() / (r.float() ** 2).sum() for o, r in zip(outs, ref_outs))
 
 
+@torch.no_grad()
+def balance(layer: LowRankLinear) -> None:
+    """Rescale each rank-one component so that its column of L and row of R have equal norms (same product)."""
+    left, right = layer.left.weight, layer.right.weight
+    a = (right.float().norm(dim=1) / left.float().norm(dim=0).clamp_min(1e-30)).clamp_min(1e-30).sqrt()
+    left.mul_(a.to(left.dtype)[None, :])
+    right.div_(a.to(right.dtype)[:, None])
+
+
 def refine(student: nn.Module, teacher: nn.Module, batches: Sequence[Batch], *, target: str, cfg: RefineConfig,
            log: Callable[[str], None] = lambda s: None) -> dict:
     """Fit the factors of `student`'s low-rank layers to `teacher` for `cfg.steps` AdamW steps; everything else
@@ -56,7 +70,12 @@ def refine(student: nn.Module, teacher: nn.Module, batches: Sequence[Batch], *, 
     if target not in ("logits", "blocks"):
         raise ValueError(f"refine target {target!r}: expected 'logits' or 'blocks'")
     dev = next(student.parameters()).device
-    factors = [p for m in student.modules() if isinstance(m, LowRankLinear) for p in m.parameters()]
+    layers = [m for m in student.modules() if isinstance(m, LowRankLinear)]
+    dtypes = [m.right.weight.dtype for m in layers]
+    for m in layers:
+        m.float()  # float32 masters for the fit
+        balance(m)
+    factors = [p for m in layers for p in m.parameters()]
     frozen = [(p, p.requires_grad) for p in student.parameters()]
     for p, _ in frozen:
         p.requires_grad_(False)
@@ -83,5 +102,7 @@ def refine(student: nn.Module, teacher: nn.Module, batches: Sequence[Batch], *, 
         for p, flag in frozen:
             p.requires_grad_(flag)
     after = objective()
+    for m, dtype in zip(layers, dtypes):
+        m.to(dtype)
     log(f"refine ({target}): calibration objective {before:.5f} → {after:.5f} in {cfg.steps} steps")
     return {"objective_before": before, "objective_after": after}

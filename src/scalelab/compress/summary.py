@@ -4,11 +4,11 @@ claim. The ledger entries themselves are built by the summary stage with scalela
 Claims (differences oriented so that positive is the claim's direction, paired by calibration seed):
     published ordering at each kept fraction, in validation loss (nats; ppl = exp):
         SVD-LLM ≤ SigmaScale,  SigmaScale < ASVD,  SigmaScale < FWSVD,  ASVD < SVD,  FWSVD < SVD
-    beyond the paper: each method with SVD-LLM's whitening or end-to-end refinement < SVD-LLM
+    beyond the paper: each warm-started SigmaScale or end-to-end refined method < SVD-LLM
     spectrum: per seed, Spearman correlation over (method, kept fraction, layer) between erank_after/erank_before
         and the layer loss relative to plain SVD's (same layer, rank and seed): positive = lower erank, lower loss.
-        Only methods that are a scaling of their own count (`distinct`): a refined or SVD-LLM-initialised variant
-        repeats its base method's layers and would count them twice.
+        Only methods that are a scaling of their own count (`distinct`): a refined variant repeats its base method's
+        layers and would count them twice. A layer is compared with plain SVD's at the same rank (same allocation).
 """
 
 from __future__ import annotations
@@ -34,15 +34,18 @@ ORDERING = [
 
 
 def distinct(cfg: CompressConfig) -> set[str]:
-    """Methods whose per-layer factors are their own (the paper's kinds, as specified: no refinement, own init)."""
-    return {name for name, m in cfg.methods.items() if m.refine == "none" and m.init == "random"}
+    """Methods whose per-layer factors are their own (the paper's kinds as specified, or a warm-started SigmaScale;
+    not a refined copy of another method's layers)."""
+    return {name for name, m in cfg.methods.items() if m.refine == "none"}
 
 
 def cells_table(cells: Sequence[Mapping]) -> pl.DataFrame:
     """One row per compressed cell (its metrics file)."""
-    cols = ["method", "kind", "keep", "seed", "val_nll", "ppl", "ppl_dense", "calib_nll", "params", "params_dense",
-            "linear_weights_kept", "loss_rel_svd_llm", "seconds"]
-    return pl.DataFrame([{c: cell.get(c) for c in cols} for cell in cells]).sort("method", "keep", "seed")
+    cols = ["method", "kind", "allocation", "keep", "seed", "val_nll", "ppl", "ppl_dense", "calib_nll", "params",
+            "params_dense", "linear_weights_kept", "loss_rel_svd_llm", "seconds", "tokens_per_s", "tokens_per_s_dense",
+            "weight_bytes", "weight_bytes_dense", "peak_memory_bytes"]
+    return pl.DataFrame([{c: cell.get(c) for c in cols} for cell in cells], infer_schema_length=None).sort(
+        "method", "keep", "seed")
 
 
 def by_method(table: pl.DataFrame) -> pl.DataFrame:
@@ -50,21 +53,25 @@ def by_method(table: pl.DataFrame) -> pl.DataFrame:
     return (table.group_by("method", "keep")
             .agg(pl.col("ppl").mean().alias("ppl"), pl.col("ppl").std().alias("ppl_std"),
                  pl.col("val_nll").mean().alias("val_nll"), pl.col("loss_rel_svd_llm").mean().alias("loss_rel_svd_llm"),
-                 pl.col("seconds").mean().alias("seconds"), pl.len().alias("n_seeds"))
+                 pl.col("seconds").mean().alias("seconds"), pl.col("tokens_per_s").mean().alias("tokens_per_s"),
+                 pl.col("tokens_per_s_dense").mean().alias("tokens_per_s_dense"),
+                 pl.col("weight_bytes").mean().alias("weight_bytes"), pl.len().alias("n_seeds"))
             .sort("method", "keep"))
 
 
 def layers_table(layers: Mapping[tuple[str, float, int], Sequence[Mapping]]) -> pl.DataFrame:
     """Every compressed layer of every cell, keyed (method, keep, seed), with its loss relative to plain SVD's."""
     rows = [{"method": m, "keep": k, "seed": s, **{f: r[f] for f in ("name", "rank", "loss", "loss_rel_svd_llm",
-                                                                       "erank_before", "erank_after", "seconds")}}
+                                                                       "erank_before", "erank_after", "seconds")},
+             "steps": r.get("steps"), "stop": r.get("stop"), "best_over_init": r.get("best_over_init")}
             for (m, k, s), recs in layers.items() for r in recs if r["rank"] is not None]
     if not rows:
         return pl.DataFrame()
-    df = pl.DataFrame(rows)
+    df = pl.DataFrame(rows, infer_schema_length=None)  # SigmaScale-only fields are null in other rows
     if any(m == "svd" for m, _, _ in layers):
-        ref = df.filter(pl.col("method") == "svd").select("keep", "seed", "name", pl.col("loss").alias("loss_svd"))
-        df = df.join(ref, on=["keep", "seed", "name"], how="left")
+        ref = df.filter(pl.col("method") == "svd").select("keep", "seed", "name", "rank",
+                                                           pl.col("loss").alias("loss_svd"))
+        df = df.join(ref, on=["keep", "seed", "name", "rank"], how="left")
         df = df.with_columns((pl.col("loss") / pl.col("loss_svd")).alias("loss_rel_svd"))
     return df.with_columns((pl.col("erank_after") / pl.col("erank_before")).alias("erank_ratio"))
 
@@ -127,6 +134,21 @@ def claim_specs(table: pl.DataFrame, layers: pl.DataFrame, cfg: CompressConfig) 
                           "published": "SigmaScale: scaling concentrates the spectrum (lower erank), lowering "
                                        "truncation loss (qualitative)"})
     return specs
+
+
+def convergence(layers: pl.DataFrame) -> dict:
+    """SigmaScale's convergence over its maps (all cells): how many stopped by plateau (or a rising loss) rather
+    than the step cap, the steps taken and the best objective over the initial one (median, max)."""
+    if "stop" not in layers.columns:
+        return {}
+    rows = layers.filter(pl.col("stop").is_not_null())
+    if rows.is_empty():
+        return {}
+    return {"maps": rows.height, "plateau": int(rows["stop"].is_in(["plateau", "rising"]).sum()),
+            "cap": int((rows["stop"] == "cap").sum()), "nonfinite": int((rows["stop"] == "nonfinite").sum()),
+            "steps_median": float(rows["steps"].median()), "steps_max": int(rows["steps"].max()),
+            "best_over_init_median": float(rows["best_over_init"].median()),
+            "best_over_init_max": float(rows["best_over_init"].max())}
 
 
 def _plt():

@@ -3,7 +3,7 @@
     compress:
       source: {cell: unified-m-base-0}          # or {path: <HF Llama/Qwen3 folder or hub id>, dtype: bfloat16}
       source_dep: data/pretrain/unified-m-base-0/model/hf   # what DVC tracks for `source` (checked to match)
-      methods: {svd: {kind: svd}, sigmascale: {kind: sigmascale}, sigmascale_w: {kind: sigmascale, init: svd_llm}}
+      methods: {svd: {kind: svd}, sigmascale: {kind: sigmascale}, svd_llm_uniform: {kind: svd_llm, allocation: uniform}}
       grid: {methods: [svd, sigmascale], keep: [0.9, 0.75, 0.5], seeds: [0]}   # dvc.yaml's matrix
 """
 
@@ -25,9 +25,11 @@ class MethodConfig(Strict):
 
     kind: Literal["svd", "asvd", "fwsvd", "svd_llm", "sigmascale"]
     alpha: NonNegFloat = 0.5  # asvd: S = diag(mean|x|)^α
-    # sigmascale: `random` is the paper's d ~ N(0, (0.1·std W)²) on W; `svd_llm` learns the scalings on top of
-    # SVD-LLM's whitening (W·S), starting at SVD-LLM's exact solution (beyond the paper).
+    # sigmascale: `random` is the paper's d ~ N(0, (0.1·std W)²); `svd_llm` (beyond the paper) warm-starts the column
+    # scalings at the diagonal of SVD-LLM's whitening, d_c = ½·log(diag C / mean diag C), the rows at 0
     init: Literal["random", "svd_llm"] = "random"
+    # the rank allocation of this method's cells; None: compress.allocation.kind (a `uniform` twin is the ablation)
+    allocation: Literal["uniform", "sensitivity"] | None = None
     # beyond the paper: after compression, fit the factors end to end to the uncompressed model on calibration data
     refine: Literal["none", "logits", "blocks"] = "none"
 
@@ -39,15 +41,16 @@ class MethodConfig(Strict):
 
 
 class SigmaScaleConfig(Strict):
-    """SigmaScale's optimiser (METHODS §D): AdamW on the log-scales, full batch, step cap and plateau stop."""
+    """SigmaScale's optimiser (METHODS §D): AdamW on the log-scales, full batch, step cap and the official code's
+    plateau stop (sigmascale.py: mean loss of the last `patience` steps against the `patience` before)."""
 
     lr: PosFloat = 5e-3
     weight_decay: NonNegFloat = 0.0  # the regulariser is λ in the loss; AdamW's own decay is off
     lam: NonNegFloat = 1e-6  # λ(‖d_r‖² + ‖d_c‖²)
     init_std: NonNegFloat = 0.1  # d ~ N(0, (init_std · std W)²)
     max_steps: PosInt = 1000
-    patience: PosInt = 50  # plateau: stop when the best loss improved by less than `tol` (relative) in this many steps
-    tol: NonNegFloat = 1e-3
+    patience: PosInt = 50  # the official window: 50 steps
+    tol: NonNegFloat = 1e-3  # relative improvement of the window mean below which the run has plateaued
 
 
 class CalibrationConfig(Strict):
@@ -83,12 +86,24 @@ class RefineConfig(Strict):
     batch_size: PosInt = 8
 
 
+class HubSplit(Strict):
+    """A dataset split on the Hugging Face hub (read with `datasets`, online or from its cache)."""
+
+    hub_id: str
+    hub_config: str | None = None
+    hub_split: str = "test"
+    hub_revision: str | None = None
+    text_column: str = "text"
+
+
 class EvalConfig(Strict):
-    """Perplexity on the fixed validation windows (scalelab.data.loader.val_batches)."""
+    """Perplexity on the fixed validation windows (scalelab.data.loader.val_batches): of data/prepared's val split,
+    or of `hub` (e.g. WikiText-2 test, where the papers report). A val_tokens the split cannot supply is an error."""
 
     seq_len: PosInt = 64
-    val_tokens: PosInt = 8192
+    val_tokens: PosInt | None = 8192  # None: the whole split
     batch_size: PosInt = 16
+    hub: HubSplit | None = None
 
 
 class CompressGrid(Strict):
@@ -103,8 +118,8 @@ class CompressConfig(Strict):
     source: ModelSource = ModelSource(cell="unified-m-base-0")
     # dvc.yaml cannot branch on cell/path, so the folder DVC tracks is spelled out; must be source's own folder.
     source_dep: str = "data/pretrain/unified-m-base-0/model/hf"
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
-    threads: NonNegInt = 0  # torch intra-op threads on CPU; 0 leaves torch's default
+    device: Literal["cpu", "cuda", "auto"] = "cpu"  # machine setting (config/machine.py): machine.yaml, not a param
+    threads: NonNegInt = 0  # machine setting: torch intra-op threads on CPU; 0 leaves torch's default
     methods: dict[str, MethodConfig]
     sigmascale: SigmaScaleConfig = SigmaScaleConfig()
     calibration: CalibrationConfig = CalibrationConfig()
@@ -112,6 +127,7 @@ class CompressConfig(Strict):
     refine: RefineConfig = RefineConfig()
     eval: EvalConfig = EvalConfig()
     claims_level: Fraction = 0.95  # of the t interval behind every verdict
+    save_models: bool = False  # write every cell's checkpoint to data/compress/seed-<s>/<cell>/model
     grid: CompressGrid
 
     @model_validator(mode="after")

@@ -58,8 +58,8 @@ class EvaluateConfig(Strict):
     val_tokens: PosInt | None = None  # None: pretrain.val_tokens
     batch_size: PosInt = 16
     dtype: Literal["float32", "bfloat16"] = "float32"  # for pretrain cells (models carry their own)
-    device: Literal["cpu", "cuda", "auto"] = "auto"
-    threads: NonNegInt = 0  # torch threads; 0: torch's default
+    device: Literal["cpu", "cuda", "auto"] = "auto"  # machine setting (config/machine.py): machine.yaml, not a param
+    threads: NonNegInt = 0  # machine setting: torch threads; 0: torch's default
     throughput_batches: PosInt = 4  # timed forward passes (after one warm-up)
     zeroshot: ZeroShotConfig = ZeroShotConfig()
     lm_eval: LmEvalConfig = LmEvalConfig()

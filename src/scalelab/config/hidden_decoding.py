@@ -3,8 +3,9 @@
     hidden_decoding:
       source: {cell: standard-m-base-0}        # or {path: <HF Llama/Qwen3 folder or hub id>}
       source_dep: data/pretrain/standard-m-base-0/model/hf   # what DVC tracks for `source` (checked to match)
-      positions: shared                        # RoPE position of (i, s): i, or n·i+s ("interleaved")
-      mixing_layers: null                      # null: every 4th layer (3, 7, ...)
+      positions: per_layer                     # RoPE position of (i, s): i in within-stream layers, n·i+s in mixing
+      mixing_layers: null                      # null: every k-th layer counted back from the last (k = 2..4)
+      embed_noise: 0.1                         # noise on E_2..E_n at init, relative to std(E)
       cells: {n1: {n_streams: 1}, n4full: {n_streams: 4, attention: full},
               n1_flops_n4: {n_streams: 1, flops_of: {n_streams: 4}}, ...}
       grid: [n1, n4full, n1_flops_n4]          # the cells dvc.yaml runs, × seeds
@@ -23,29 +24,62 @@ from scalelab.config.source import NAME, ModelSource
 
 
 class StreamsConfig(Strict):
-    """The two axes a cell varies: how many streams, and which attention (METHODS §C)."""
+    """The axes a cell varies: how many streams, which attention, and whether the streams have their own tables
+    (METHODS §C; "tied": every stream reads E_1, the control that isolates what separate tables add)."""
 
     n_streams: PosInt = 1
     attention: Literal["sfa", "full"] = "sfa"  # full: every layer is a mixing layer (the ablation)
+    tables: Literal["separate", "tied"] = "separate"
+
+
+# RoPE position of (i, s) by layer kind (METHODS §C): "token" i, or "interleaved" n·i + s (s counted from 0), which
+# is the entry's index in the token-major order a mixing layer runs in.
+POSITIONS = {"shared": ("token", "token"), "interleaved": ("interleaved", "interleaved"),
+             "per_layer": ("token", "interleaved")}  # (within-stream layers, mixing layers); per_layer: WeLM-HD's
+
+
+def default_mixing(n_layer: int) -> list[int]:
+    """Every k-th layer counted back from the last, k = min(4, max(2, L // 2)): spread through the depth, the last
+    layer included (it reads the hidden streams' deepest states), and from L = 3 on never the last layer alone."""
+    k = min(4, max(2, n_layer // 2))
+    return sorted(range(n_layer - 1, -1, -k))
 
 
 class HiddenDecodingModelConfig(StreamsConfig):
     """Everything that defines an n-stream model on top of its backbone; saved beside its Hugging Face files."""
 
-    positions: Literal["shared", "interleaved"] = "shared"  # RoPE position of (i, s): i, or n·i + s
-    mixing_layers: list[NonNegInt] | None = None  # None: every 4th layer, counted from 1 (indices 3, 7, ...)
-    embed_noise: NonNegFloat = 0.0  # std of the noise added to the copies E_2..E_n at init (relative to E's std)
+    positions: Literal["shared", "interleaved", "per_layer"] = "per_layer"  # see POSITIONS
+    mixing_layers: list[NonNegInt] | None = None  # None: default_mixing
+    embed_noise: NonNegFloat = 0.1  # std of the noise added to the copies E_2..E_n at init (relative to E's std)
     aux_loss_weight: NonNegFloat = 0.0  # weight of the mean CE on streams 1..n-1 (off: only (i, n) predicts)
 
+    def position_kind(self, layer_kind: str) -> str:
+        """ "token" or "interleaved": the RoPE positions of a "within" or "mixing" layer."""
+        return POSITIONS[self.positions][layer_kind == "mixing"]
+
     def mixing(self, n_layer: int) -> list[int]:
-        """Indices of the mixing layers of an `n_layer`-layer backbone (all of them under `full`)."""
+        """Indices of the mixing layers of an `n_layer`-layer backbone (all of them under `full`), after refusing
+        settings under which the hidden streams provably cannot matter (METHODS §C, symmetry):
+        - n > 1 without a mixing layer: streams 1..n-1 never reach (i, n);
+        - n ≥ 3, equal tables (embed_noise 0), token positions in mixing layers, and only the last layer mixing:
+          streams 1..n-1 are computed identically and read only by (i, n)'s attention, which sees them as an
+          unordered set of equal keys, so they get identical gradients and stay identical copies forever."""
         if self.attention == "full":
             return list(range(n_layer))
-        layers = self.mixing_layers if self.mixing_layers is not None else list(range(3, n_layer, 4))
+        layers = sorted(set(self.mixing_layers if self.mixing_layers is not None else default_mixing(n_layer)))
         if bad := [i for i in layers if i >= n_layer]:
             raise ValueError(f"hidden_decoding.mixing_layers {bad}: the backbone has {n_layer} layers "
                              f"(0..{n_layer - 1})")
-        return sorted(set(layers))
+        n = self.n_streams
+        if n > 1 and not layers:
+            raise ValueError(f"hidden_decoding: n_streams {n} with no mixing layer: the hidden streams never reach "
+                             "the prediction (set mixing_layers)")
+        if (n >= 3 and (self.embed_noise == 0 or self.tables == "tied") and layers == [n_layer - 1]
+                and self.position_kind("mixing") == "token"):
+            raise ValueError(f"hidden_decoding: n_streams {n}, equal tables, shared positions and only the last "
+                             f"layer ({n_layer - 1}) mixing: the hidden streams are interchangeable copies (set "
+                             "embed_noise > 0, an earlier mixing layer, or positions per_layer)")
+        return layers
 
 
 class CellConfig(StreamsConfig):
@@ -57,7 +91,14 @@ class CellConfig(StreamsConfig):
 
 class HDTrainConfig(Strict):
     """The continued-pretraining run of every cell (same data, same base token budget). Field names follow
-    `pretrain`'s, so the training layer's data module reads either."""
+    `pretrain`'s, so the training layer's data module reads either.
+
+    `corpus`: the token streams cells train on. "shards": the pipeline's token shards (their vocabulary must be the
+    backbone's); "text": the prepared corpus encoded with the backbone's own tokenizer, `text_tokens` tokens of each
+    split (scalelab.compress.data.from_text); "auto": shards for a pretrain cell, text for any other model."""
+
+    corpus: Literal["auto", "shards", "text"] = "auto"
+    text_tokens: PosInt = 1_000_000
 
     seq_len: PosInt = 64  # tokens per window (each becomes n_streams positions)
     batch_size: PosInt = 8
@@ -91,7 +132,7 @@ class HDTrainConfig(Strict):
 
 
 class HDClaimsConfig(Strict):
-    sfa_margin: PosFloat = 0.02  # nats: "SFA within noise of full" = SFA's loss exceeds full's by less than this
+    sfa_fraction: Fraction = 0.8  # "SFA keeps this fraction of full attention's gain over n = 1 at equal n"
     level: Fraction = 0.95  # of the t interval behind every verdict
 
 
@@ -99,9 +140,9 @@ class HiddenDecodingConfig(Strict):
     source: ModelSource = ModelSource(cell="standard-m-base-0")
     # dvc.yaml cannot branch on cell/path, so the folder DVC tracks is spelled out; must be source's own folder.
     source_dep: str = "data/pretrain/standard-m-base-0/model/hf"
-    positions: Literal["shared", "interleaved"] = "shared"
+    positions: Literal["shared", "interleaved", "per_layer"] = "per_layer"
     mixing_layers: list[NonNegInt] | None = None
-    embed_noise: NonNegFloat = 0.0
+    embed_noise: NonNegFloat = 0.1
     aux_loss_weight: NonNegFloat = 0.0
     cells: dict[str, CellConfig]
     grid: list[str]
@@ -122,13 +163,22 @@ class HiddenDecodingConfig(Strict):
             raise ValueError(f"hidden_decoding.grid: unknown cells {unknown}; known: {sorted(self.cells)}")
         if not self.seeds:
             raise ValueError("hidden_decoding.seeds: at least one seed")
+        if self.mixing_layers == [] and (multi := [c for c in self.cells if self.cells[c].n_streams > 1
+                                                   and self.cells[c].attention == "sfa"]):
+            raise ValueError(f"hidden_decoding.mixing_layers []: cells {multi} have hidden streams that never reach "
+                             "the prediction")
         return self
+
+    def uses_text(self) -> bool:
+        """Whether cells train on the prepared corpus in the backbone's own tokens (see `corpus`)."""
+        return self.train.corpus == "text" or (self.train.corpus == "auto" and self.source.cell is None)
 
     def model(self, cell: str) -> HiddenDecodingModelConfig:
         """The n-stream model of one cell."""
         if cell not in self.cells:
             raise ValueError(f"hidden_decoding.cells: unknown cell {cell!r}; known: {sorted(self.cells)}")
         c = self.cells[cell]
-        return HiddenDecodingModelConfig(n_streams=c.n_streams, attention=c.attention, positions=self.positions,
+        return HiddenDecodingModelConfig(n_streams=c.n_streams, attention=c.attention, tables=c.tables,
+                                         positions=self.positions,
                                          mixing_layers=self.mixing_layers, embed_noise=self.embed_noise,
                                          aux_loss_weight=self.aux_loss_weight)

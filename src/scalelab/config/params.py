@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError, model_validator
 
+from scalelab.config import machine
 from scalelab.config.base import Name, NonNegInt, ParamsError, Strict
 from scalelab.config.compress import CompressConfig
 from scalelab.config.data import PrepareConfig, TokenizeConfig, TokenizerConfig
@@ -38,6 +39,8 @@ class Params(Strict):
     hidden_decoding: HiddenDecodingConfig | None = None  # METHODS §C
     compress: CompressConfig | None = None  # METHODS §D
     optimizers: OptBenchConfig | None = None  # METHODS §B: the optimizer benchmark (config/optbench.py)
+    # Packaged pretrained LMs to import offline (stage import_model, one cell each: models/<name>; scalelab.model.gguf)
+    import_models: list[Name] = []
 
     @model_validator(mode="after")
     def _cross_check(self) -> "Params":
@@ -112,16 +115,19 @@ def _format(err: ValidationError, source: str) -> str:
     return f"invalid params in {source}: " + "; ".join(problems)
 
 
-def parse_params(raw: dict[str, Any], source: str = "<dict>") -> Params:
+def parse_params(raw: dict[str, Any], source: str = "<dict>", machine_file: dict | None = None) -> Params:
+    """Validate a params dict; its `machine:` section and then `machine_file`'s settings are merged into its sections
+    first (scalelab.config.machine)."""
+    raw = machine.resolve(raw, source, machine_file)
     try:
         return Params.model_validate(raw)
     except ValidationError as err:
         raise ParamsError(_format(err, source)) from None
 
 
-def load_params(path: str | os.PathLike | None = None) -> Params:
-    """Load and validate a params file (default: params.yaml in the working directory)."""
-    path = Path(path or "params.yaml")
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """A params file's mapping, unvalidated; one-line errors for a missing file, YAML syntax, a non-mapping."""
+    path = Path(path)
     if not path.is_file():
         raise ParamsError(f"params file not found: {path}")
     try:
@@ -134,4 +140,13 @@ def load_params(path: str | os.PathLike | None = None) -> Params:
         raise ParamsError(f"{path}{where}: YAML syntax error: {what}") from None
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: top level must be a mapping")
-    return parse_params(raw, str(path))
+    return raw
+
+
+def load_params(path: str | os.PathLike | None = None) -> Params:
+    """Load and validate a params file (default: params.yaml in the working directory), with this machine's settings
+    merged in (scalelab.config.machine: its `machine:` section, then machine.yaml beside it or $SCALELAB_MACHINE)."""
+    path = Path(path or "params.yaml")
+    raw = read_yaml(path)
+    local, source = machine.file_layer(raw, path, str(path))
+    return parse_params(raw, source, local)

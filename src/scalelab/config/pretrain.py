@@ -55,6 +55,8 @@ class PretrainConfig(Strict):
     precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true"
     grad_clip: NonNegFloat = 1.0
     accumulate: PosInt = 1
+    # Machine settings, from accelerator to peak_flops (config/machine.py): machine.yaml or the profile's machine:
+    # section, never params.yaml's sections, so no stage depends on them.
     accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "cpu"
     devices: PosInt = 1
     # ddp (torchrun/SLURM or Lightning's launcher). Not fsdp yet: clipping and Muon need whole gradients/matrices.

@@ -171,10 +171,27 @@ def iter_prepared(prepared_dir: str | os.PathLike, split: str, batch_rows: int =
                 yield texts[start : start + batch_rows]
 
 
-def prepared_texts(prepared_dir: str | os.PathLike, split: str, batch_rows: int = TABLE_ROWS) -> Iterator[str]:
-    """The texts of a prepared split, one by one, read a batch at a time."""
-    for batch in iter_prepared(prepared_dir, split, batch_rows):
-        yield from batch
+class PreparedTexts:
+    """The texts of a prepared split, one by one, read a batch at a time; `len()` is its document count (from the
+    parquet footer), so a consumer can report progress with an ETA (scalelab.runtime.log.Progress)."""
+
+    def __init__(self, prepared_dir: str | os.PathLike, split: str, batch_rows: int = TABLE_ROWS) -> None:
+        self._n = count_prepared(prepared_dir, split)
+        self._texts = (text for batch in iter_prepared(prepared_dir, split, batch_rows) for text in batch)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> "PreparedTexts":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._texts)
+
+
+def prepared_texts(prepared_dir: str | os.PathLike, split: str, batch_rows: int = TABLE_ROWS) -> PreparedTexts:
+    """The texts of a prepared split, one by one, read a batch at a time (an iterator with a length)."""
+    return PreparedTexts(prepared_dir, split, batch_rows)
 
 
 def count_prepared(prepared_dir: str | os.PathLike, split: str) -> int:

@@ -12,14 +12,14 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from scalelab.data import DataError
-from scalelab.runtime.log import Every
+from scalelab.runtime.log import Every, Progress
 
 log = logging.getLogger(__name__)
 
@@ -170,14 +170,18 @@ def write_shard(tok: Tokenizer, texts: Iterable[str], path: Path, *, eot_id: int
     """Stream `texts` into a flat binary shard, batch by batch, hashing as it goes; returns its meta entry (with the
     UTF-8 bytes of text it encodes, for throughput and compression figures)."""
     digest, tokens, text_bytes, tick = hashlib.sha256(), 0, 0, Every()
-    with open(path, "wb") as f:
+    # texts with a length (the prepared splits): progress with an ETA; a plain stream: throughput lines
+    bar = Progress(len(texts), f"tokenize {path.stem}", "docs", logger=log) if hasattr(texts, "__len__") else None
+    with open(path, "wb") as f, bar or nullcontext():
         for i, batch in enumerate(batched(texts, batch_size)):
             text_bytes += sum(map(utf8_len, batch))
             for ids in encoded_parts(tok, batch, eot_id=eot_id, dtype=dtype, lead_eot=i > 0):
                 f.write(ids.data)
                 digest.update(ids.data)
                 tokens += ids.size
-            if tick():  # a large corpus: a line every few seconds
+            if bar is not None:
+                bar.update(len(batch))
+            elif tick():  # a large corpus: a line every few seconds
                 log.info("%s: %s tokens from %.1f MB of text, %.1f MB/s", path.name, f"{tokens:,}", text_bytes / 1e6,
                          text_bytes / 1e6 / tick.elapsed())
     return {"file": path.name, "tokens": tokens, "bytes": path.stat().st_size, "sha256": digest.hexdigest(),

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from scalelab.config import TokenizerConfig
 from scalelab.data import DataError
 from scalelab.data.shards import PIECE_CHARS, batched, pieces, utf8_len
-from scalelab.runtime.log import Every
+from scalelab.runtime.log import Every, progress
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,11 @@ def train_bpe(texts: Iterable[str], *, vocab_size: int, min_frequency: int, eot_
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
+    length = length if length is not None else _len(texts)
+    if length is not None:  # the documents read, with an ETA (the merges that follow report nothing)
+        texts = progress(texts, "tokenizer: reading", total=length, unit="docs", logger=log)
     stream = (piece for text in texts for piece in (pieces(text) if len(text) > PIECE_CHARS else (text,)))
-    tok.train_from_iterator(_progress(stream), trainer=trainer, length=length if length is not None else _len(texts))
+    tok.train_from_iterator(stream if length is not None else _progress(stream), trainer=trainer, length=length)
     return tok
 
 

@@ -24,7 +24,12 @@ from scalelab.data import DataError
 
 @dataclass
 class EvalLM:
-    """A causal LM under evaluation: `logits(ids [B, T]) -> [B, T, V]` in float32, on `device`."""
+    """A causal LM under evaluation: `logits(ids [B, T]) -> [B, T, V]` in float32, on `device`.
+
+    `extend`, where the model keeps a key/value cache (Hugging Face causal LMs), continues sequences from a cache:
+    `extend(ids, attention_mask over cache + ids, position_ids, cache | None, keep) -> (logits of the positions
+    `keep` (a 1-D index tensor; None: all), cache)`. The zero-shot tasks use it to compute each shared context once.
+    """
 
     name: str
     path: str
@@ -35,6 +40,7 @@ class EvalLM:
     n_params: int
     device: torch.device
     module: torch.nn.Module
+    extend: Callable[..., tuple[torch.Tensor, Any]] | None = None
 
     @torch.inference_mode()
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
@@ -100,4 +106,20 @@ def load_lm(path: str | os.PathLike, name: str, dtype: str = "float32", device: 
     cfg = model.config
     max_len = getattr(cfg, "max_position_embeddings", None) or 2048
     return EvalLM(name, str(folder), f"hf:{cfg.model_type}", lambda ids: model(input_ids=ids, use_cache=False).logits,
-                  tokenizer, int(max_len), sum(p.numel() for p in model.parameters()), dev, model)
+                  tokenizer, int(max_len), sum(p.numel() for p in model.parameters()), dev, model, _hf_extend(model))
+
+
+def _hf_extend(model) -> Callable[..., tuple[torch.Tensor, Any]]:
+    """EvalLM.extend for a `transformers` causal LM: its DynamicCache, and `logits_to_keep` so that the vocabulary
+    projection runs only where a log-likelihood is read."""
+    from transformers import DynamicCache
+
+    @torch.inference_mode()
+    def extend(ids, attention_mask, position_ids, cache, keep=None):
+        dev = model.device
+        out = model(input_ids=ids.to(dev), attention_mask=attention_mask.to(dev), position_ids=position_ids.to(dev),
+                    past_key_values=cache if cache is not None else DynamicCache(config=model.config),
+                    use_cache=True, logits_to_keep=0 if keep is None else keep.to(dev))
+        return out.logits.float(), out.past_key_values
+
+    return extend

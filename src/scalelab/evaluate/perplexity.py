@@ -9,6 +9,7 @@ Nats per token are not comparable across tokenizers, so bits per byte are report
 
 from __future__ import annotations
 
+import logging
 import math
 import resource
 import time
@@ -21,6 +22,9 @@ import torch.nn.functional as F
 
 from scalelab.data import DataError
 from scalelab.evaluate.lm import EvalLM
+from scalelab.runtime.log import progress
+
+log = logging.getLogger(__name__)
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -52,7 +56,7 @@ def val_windows(lm: EvalLM, *, shards_dir: str | Path, val_text: list[str], toke
 def perplexity(lm: EvalLM, batches: Batches) -> dict[str, float]:
     """Token-weighted mean cross-entropy over the windows (as the pretrain stage's val/loss), its exp, and bpb."""
     nats, tokens, n_bytes = 0.0, 0, 0
-    for x, y in batches:
+    for x, y in progress(batches, "evaluate perplexity", unit="batches", logger=log):  # minutes on a real model
         logits = lm.logits(x)
         nats += float(F.cross_entropy(logits.flatten(0, 1), y.to(lm.device).flatten(), reduction="sum"))
         tokens += y.numel()

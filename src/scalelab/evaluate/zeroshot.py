@@ -109,24 +109,34 @@ def cloze_items(docs: list[str], n: int, k: int, context_chars: int, seed: int) 
     return items
 
 
-@torch.inference_mode()
-def loglikelihoods(lm: EvalLM, requests: list[tuple[str, str]], batch_size: int = 32) -> list[tuple[float, int]]:
-    """(Σ log p(continuation tokens | context), UTF-8 bytes scored) per (context, continuation), each encoded on its
-    own (as lm-eval does). The context is cut from the left to fit the model's length; a continuation longer than
-    that keeps only its last tokens, and the bytes count only what was scored."""
-    encoded = []
-    for ctx, cont in requests:
-        c, x = lm.encode(ctx), lm.encode(cont)
-        if not x:
-            raise ValueError(f"empty continuation after tokenization: {cont!r}")
-        seq = (c + x)[-(lm.max_len + 1):]
-        n = min(len(x), len(seq) - 1)
-        if n < 1:
-            raise ValueError(f"no context before {cont!r}: its first token cannot be scored")
-        scored = cont if n == len(x) else lm.tokenizer.decode(x[-n:])
-        encoded.append((seq, n, len(scored.encode())))
-    out = [(0.0, 0)] * len(encoded)
-    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]))  # similar lengths share a batch
+Encoded = tuple[list[int], int, int]  # (token ids scored as one sequence, tokens scored at its end, bytes scored)
+
+
+def _encode(lm: EvalLM, ctx: str, cont: str) -> tuple[list[int], list[int], Encoded]:
+    """Context and continuation encoded each on its own (as lm-eval does), and the sequence scored without a shared
+    context: the context cut from the left to fit the model's length; a continuation longer than that keeps only its
+    last tokens, and the bytes count only what was scored."""
+    c, x = lm.encode(ctx), lm.encode(cont)
+    if not x:
+        raise ValueError(f"empty continuation after tokenization: {cont!r}")
+    seq = (c + x)[-(lm.max_len + 1):]
+    n = min(len(x), len(seq) - 1)
+    if n < 1:
+        raise ValueError(f"no context before {cont!r}: its first token cannot be scored")
+    scored = cont if n == len(x) else lm.tokenizer.decode(x[-n:])
+    return c, x, (seq, n, len(scored.encode()))
+
+
+def _picked(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) at each row of logits [N, V]: the target's logit less the row's log-sum-exp (log_softmax read at
+    one entry, without materialising the rest)."""
+    return logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+
+
+def _full_sequences(lm: EvalLM, encoded: list[Encoded], batch_size: int) -> list[float]:
+    """Σ log p(last n tokens | the rest) of each sequence, one row each, similar lengths in a batch."""
+    out = [0.0] * len(encoded)
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]))
     for b in range(0, len(order), batch_size):
         idx = order[b: b + batch_size]
         width = max(len(encoded[i][0]) for i in idx) - 1
@@ -134,17 +144,87 @@ def loglikelihoods(lm: EvalLM, requests: list[tuple[str, str]], batch_size: int 
         for row, i in enumerate(idx):
             seq = encoded[i][0]
             ids[row, : len(seq) - 1] = torch.tensor(seq[:-1])
-        logp = torch.log_softmax(lm.logits(ids), dim=-1).cpu()
+        logits = lm.logits(ids)
         for row, i in enumerate(idx):
-            seq, n, n_bytes = encoded[i]
+            seq, n, _ = encoded[i]
             pos = torch.arange(len(seq) - 1 - n, len(seq) - 1)  # predictions of the continuation's tokens
-            out[i] = (float(logp[row, pos, torch.tensor(seq[-n:])].sum()), n_bytes)
+            out[i] = float(_picked(logits[row, pos], torch.tensor(seq[-n:], device=logits.device)).sum())
     return out
 
 
-def choice_scores(lm: EvalLM, items: list[Item], batch_size: int = 32) -> list[list[tuple[float, int]]]:
+def _shared_contexts(lm: EvalLM, groups: list[tuple[list[int], list[list[int]]]], batch_size: int) -> list[list[float]]:
+    """Σ log p(x | c) for every continuation x of every group (c, [x, ...]), each context computed once.
+
+    Per batch of groups: the contexts (right-padded) in one forward that keeps the key/value cache and the logits of
+    each context's last position (the first continuation token's prediction); then the cache row of each context is
+    repeated for its continuations, and all continuations of the batch (right-padded) run on it in one forward, with
+    positions continuing each context's own length. Causal attention makes this the same computation as scoring
+    c + x in one row: only padding, masked out, differs."""
+    out: list[list[float]] = [[] for _ in groups]
+    order = sorted(range(len(groups)), key=lambda g: -len(groups[g][0]))
+    per_batch = max(1, batch_size // max(len(x) for _, x in groups))  # about batch_size continuation rows a forward
+    for b in range(0, len(order), per_batch):
+        idx = order[b: b + per_batch]
+        ctx = [groups[g][0] for g in idx]
+        width = max(map(len, ctx))
+        ids, mask = torch.zeros(len(idx), width, dtype=torch.long), torch.zeros(len(idx), width, dtype=torch.long)
+        for row, c in enumerate(ctx):
+            ids[row, : len(c)], mask[row, : len(c)] = torch.tensor(c), 1
+        lasts = sorted({len(c) - 1 for c in ctx})
+        logits, cache = lm.extend(ids, mask, torch.arange(width).expand(len(idx), -1), None, torch.tensor(lasts))
+        first = logits[torch.arange(len(idx)), torch.tensor([lasts.index(len(c) - 1) for c in ctx])]  # [B, V]
+        rows = [(row, x) for row, g in enumerate(idx) for x in groups[g][1]]
+        src = torch.tensor([row for row, _ in rows])
+        scores = _picked(first[src], torch.tensor([x[0] for _, x in rows], device=first.device))
+        tail = max(len(x) for _, x in rows) - 1  # the continuations' own tokens, less the last: predictions of x[1:]
+        if tail > 0:
+            cache.batch_select_indices(src.to(lm.device))
+            xs, xmask = torch.zeros(len(rows), tail, dtype=torch.long), torch.zeros(len(rows), tail, dtype=torch.long)
+            for r, (_, x) in enumerate(rows):
+                xs[r, : len(x) - 1], xmask[r, : len(x) - 1] = torch.tensor(x[:-1]), 1
+            pos = torch.tensor([len(ctx[row]) for row, _ in rows])[:, None] + torch.arange(tail)
+            logits, _ = lm.extend(xs, torch.cat([mask[src], torch.ones_like(xmask)], dim=1), pos, cache)
+            valid = xmask.bool()
+            targets = torch.cat([torch.tensor(x[1:], dtype=torch.long) for _, x in rows])
+            picked = _picked(logits[valid.to(logits.device)], targets.to(logits.device))
+            scores = scores + torch.zeros(len(rows), tail, device=picked.device).masked_scatter(
+                valid.to(picked.device), picked).sum(dim=1)
+        for r, (row, _) in enumerate(rows):
+            out[idx[row]].append(float(scores[r]))
+    return out
+
+
+@torch.inference_mode()
+def loglikelihoods(lm: EvalLM, requests: list[tuple[str, str]], batch_size: int = 32,
+                   shared: bool = True) -> list[tuple[float, int]]:
+    """(Σ log p(continuation tokens | context), UTF-8 bytes scored) per (context, continuation), as `_encode` says.
+
+    With `shared` and a model that keeps a cache (`lm.extend`), the requests of one context that fit the model's
+    length whole are scored on that context computed once (`_shared_contexts`); the others, or all without,
+    as one full sequence each (`_full_sequences`). Both give the same numbers to float rounding."""
+    enc = [_encode(lm, ctx, cont) for ctx, cont in requests]
+    out: list[float | None] = [None] * len(requests)
+    if shared and lm.extend is not None:
+        by_ctx: dict[str, list[int]] = {}
+        for i, (ctx, _) in enumerate(requests):
+            c, x, _ = enc[i]
+            if c and len(c) + len(x) - 1 <= lm.max_len:  # nothing cut: the shared context is the whole context
+                by_ctx.setdefault(ctx, []).append(i)
+        keys = list(by_ctx)
+        groups = [(enc[by_ctx[k][0]][0], [enc[i][1] for i in by_ctx[k]]) for k in keys]
+        for k, scores in zip(keys, _shared_contexts(lm, groups, batch_size) if groups else []):
+            for i, v in zip(by_ctx[k], scores):
+                out[i] = v
+    rest = [i for i, v in enumerate(out) if v is None]
+    for i, v in zip(rest, _full_sequences(lm, [enc[i][2] for i in rest], batch_size) if rest else []):
+        out[i] = v
+    return [(float(v), e[2][2]) for v, e in zip(out, enc)]
+
+
+def choice_scores(lm: EvalLM, items: list[Item], batch_size: int = 32,
+                  shared: bool = True) -> list[list[tuple[float, int]]]:
     """(Σ log p(candidate | context), bytes scored) for every candidate of every item."""
-    flat = loglikelihoods(lm, [(it.context, ch) for it in items for ch in it.choices], batch_size)
+    flat = loglikelihoods(lm, [(it.context, ch) for it in items for ch in it.choices], batch_size, shared)
     out, at = [], 0
     for it in items:
         out.append(flat[at: at + len(it.choices)])

@@ -43,7 +43,10 @@ def import_gguf(gguf: str | os.PathLike, out: str | os.PathLike) -> int:
 
     gguf, out = Path(gguf), Path(out)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    fresh = AutoModelForCausalLM.from_config(loaded.config)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # the GGUF's marker: saved, it makes every later save refuse
+        delattr(config, "quantization_config")
+    fresh = AutoModelForCausalLM.from_config(config)
     fresh.load_state_dict(loaded.state_dict())
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

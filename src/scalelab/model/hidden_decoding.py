@@ -2,16 +2,22 @@
 Stream-Factorized Attention (SFA).
 
     token i  → n positions (i,1)..(i,n); position (i,s) is token i embedded by table E_s (E_1 is the backbone's own)
-    h        [B, n, T, d], stream-major: stream s of token i at h[:, s-1, i]
-    within-stream layer:  h.view(B·n, T, d), causal       (i,s) attends (j,s) for j ≤ i       cost linear in n
-    mixing layer:         h.view(B, n·T, d), boolean mask (i,s) attends (j,s') for j < i, and (i,s') for s' ≤ s
+    within-stream layer:  stream-major [B·n, T, d], causal SDPA      (i,s) attends (j,s), j ≤ i (cost linear in n)
+    mixing layer:         token-major  [B, n·T, d], causal SDPA      (i,s) attends (j,s') for j < i, and (i,s') for
+                          s' ≤ s: in token-major order (entry n·i + s) that rule is exactly "every earlier entry", so
+                          the layer is plain causal attention over n·T entries (no mask tensor, GQA kept by SDPA,
+                          flash-capable on GPU)
     logits and loss only at (i,n), which predicts token i+1; (i,1..n-1) are hidden computation.
-    RoPE position of (i,s): i ("shared", the default) or n·i + s-1 ("interleaved").
+    RoPE position of (i,s), by layer kind (config POSITIONS): i, or n·i + s (s from 0); "per_layer" (the default,
+    WeLM-HD's public description) uses i in within-stream layers and n·i + s in mixing layers.
 
-The decoder layers are the backbone's own modules, called one by one (no copy of their math) under their SDPA
-attention: `attention_mask=None` makes SDPA causal (`is_causal`), a boolean mask goes to SDPA as is. Stream-major
-layout makes the switch between the two layer kinds a free view. With n = 1 every layer runs the within-stream path,
-which is exactly the backbone's own forward: n = 1 computes the backbone's logits bit for bit.
+The residual stream is kept in the layout of the layer being run and transposed (one O(n·T·d) copy) only where
+the layer kind changes, so each layer reads a free view. The decoder layers are the backbone's own modules, called
+one by one (no copy of their math) under their SDPA attention: `attention_mask=None` makes SDPA causal
+(`is_causal`); after cached tokens a boolean offset-causal mask of the new entries against the cache goes to SDPA
+as is. With n = 1 every layer runs the within-stream path, which is exactly the backbone's own forward: n = 1
+computes the backbone's logits bit for bit. The earlier dense stream-major implementation (an (nT)² boolean mask) is
+kept as the test oracle and benchmark baseline in scalelab.model.hidden_decoding_dense.
 
 A scalelab pretrain cell enters through its folded Hugging Face export (Qwen3 with QK-norm, or Llama), so one
 implementation serves both scalelab and Hugging Face backbones.
@@ -27,14 +33,6 @@ from scalelab.config import HiddenDecodingModelConfig
 from scalelab.model.transformer import ModelOutput
 
 BACKBONES = ("llama", "qwen3")
-
-
-def mixing_mask(q_tok: torch.Tensor, q_str: torch.Tensor, k_tok: torch.Tensor, k_str: torch.Tensor) -> torch.Tensor:
-    """METHODS §C mixing-layer mask [queries, keys] (True = may attend) from each entry's token and stream index:
-    (i,s) attends every (j,s') with j < i, and (i,s') with s' ≤ s."""
-    i, s = q_tok[:, None], q_str[:, None]
-    j, t = k_tok[None, :], k_str[None, :]
-    return (j < i) | ((j == i) & (t <= s))
 
 
 def attended_pairs(kind: str, n: int, T: int) -> int:
@@ -61,25 +59,35 @@ def flops_per_token(config, cfg: HiddenDecodingModelConfig, seq_len: int) -> flo
 
 
 class StreamCache:
-    """KV cache of an n-stream model: every layer keeps the keys and values of all n streams of every token seen.
+    """Preallocated KV cache of an n-stream model: every layer keeps the keys and values of all n streams of every
+    token seen, written in place (no concatenation per token).
 
-    Within-stream layers hold them per stream, [B·n, kv_heads, L, head_dim]: the row of stream s holds only stream
-    s's entries, so these layers read nothing else. Mixing layers hold one sequence, [B, kv_heads, entries,
-    head_dim]; `tokens`/`streams` give each entry's token and stream index (the same order in every mixing layer).
-    The backbone's attention modules call `update` (the one method of transformers' Cache protocol they use)."""
+    Within-stream layers hold them per stream, [B·n, kv_heads, tokens, head_dim] (row b·n + s: only stream s's
+    entries, so these layers read nothing else); mixing layers in token-major order, [B, kv_heads, n·tokens,
+    head_dim]. Buffers hold `max_tokens` tokens (grown by doubling past that, or when None). The backbone's
+    attention modules call `update` (the one method of transformers' Cache protocol they use)."""
 
-    def __init__(self) -> None:
-        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.tokens: torch.Tensor | None = None
-        self.streams: torch.Tensor | None = None
+    def __init__(self, max_tokens: int | None = None) -> None:
+        self.max_tokens = max_tokens
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer → (keys, values) written so far (views)
+        self._buf: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.length = 0  # tokens seen
+        self.new_tokens = 0  # tokens of the forward in progress (set by run_layers)
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if layer_idx in self.kv:
-            k0, v0 = self.kv[layer_idx]
-            k, v = torch.cat([k0, k], dim=2), torch.cat([v0, v], dim=2)
-        self.kv[layer_idx] = (k, v)
-        return k, v
+        per_token = k.shape[2] // self.new_tokens  # 1 in within-stream layers, n in mixing layers
+        used, need = self.length * per_token, (self.length + self.new_tokens) * per_token
+        buf = self._buf.get(layer_idx)
+        if buf is None or buf[0].shape[2] < need:
+            size = max(need, (self.max_tokens or 0) * per_token, 2 * buf[0].shape[2] if buf else 0)
+            grown = tuple(x.new_empty(*x.shape[:2], size, x.shape[3]) for x in (k, v))
+            if buf is not None:
+                for new, old in zip(grown, buf):
+                    new[:, :, :used] = old[:, :, :used]
+            self._buf[layer_idx] = buf = grown
+        buf[0][:, :, used:need], buf[1][:, :, used:need] = k, v
+        self.kv[layer_idx] = (buf[0][:, :, :need], buf[1][:, :, :need])
+        return self.kv[layer_idx]
 
 
 class HiddenDecodingLM(nn.Module):
@@ -104,27 +112,31 @@ class HiddenDecodingLM(nn.Module):
         # With one stream the mixing mask is the causal mask: every layer takes the backbone's own causal path.
         self.mixing_layers = frozenset(mixing if self.n > 1 else ())
         # E_2..E_n: copies of the backbone's table E_1 (optional noise). E_1 stays the backbone's (tied LM heads too).
+        # Tied tables (the control): every stream reads E_1.
         e1 = backbone.get_input_embeddings().weight
+        extra = self.n - 1 if cfg.tables == "separate" else 0
         self.extra_embeds = nn.ModuleList(nn.Embedding(*e1.shape, device=e1.device, dtype=e1.dtype)
-                                          for _ in range(self.n - 1))
+                                          for _ in range(extra))
         with torch.no_grad():
             for table in self.extra_embeds:
                 table.weight.copy_(e1 + cfg.embed_noise * e1.float().std() * torch.randn_like(e1))
 
     # ---------------------------------------------------------------- layout
     def embeddings(self) -> list[nn.Embedding]:
-        return [self.backbone.get_input_embeddings(), *self.extra_embeds]
+        """E_1..E_n, the table of each stream (E_1 n times under tied tables)."""
+        e1 = self.backbone.get_input_embeddings()
+        return [e1, *self.extra_embeds] if self.cfg.tables == "separate" else [e1] * self.n
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """[B, T] token ids → [B, n, T, d]: stream s reads table E_s."""
         return torch.stack([table(idx) for table in self.embeddings()], dim=1)
 
-    def positions(self, tokens: torch.Tensor) -> torch.Tensor:
-        """RoPE positions [n, T] of the streams of `tokens` (token indices [T])."""
-        streams = torch.arange(self.n, device=tokens.device)[:, None]
-        if self.cfg.positions == "shared":
+    def positions(self, tokens: torch.Tensor, layer_kind: str = "within") -> torch.Tensor:
+        """RoPE positions [n, T] (stream-major) of the streams of `tokens` (token indices [T]) in a layer of
+        `layer_kind`: i, or n·i + s (config POSITIONS)."""
+        if self.cfg.position_kind(layer_kind) == "token":
             return tokens[None, :].expand(self.n, -1)
-        return self.n * tokens[None, :] + streams
+        return self.n * tokens[None, :] + torch.arange(self.n, device=tokens.device)[:, None]
 
     def layer_kind(self, layer: int) -> str:
         return "mixing" if layer in self.mixing_layers else "within"
@@ -133,38 +145,40 @@ class HiddenDecodingLM(nn.Module):
     def run_layers(self, h: torch.Tensor, cache: StreamCache | None = None,
                    hidden_out: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Run the backbone's decoder layers on stream-major embeddings h [B, n, T, d] (tokens following those in
-        `cache`, which is updated); returns the residual stream before the final norm. `hidden_out` collects every
-        layer's output."""
+        `cache`, which is updated); returns the stream-major residual stream before the final norm. `hidden_out`
+        collects every layer's output (stream-major views)."""
         B, n, T, d = h.shape
         start = cache.length if cache is not None else 0
+        if cache is not None:
+            cache.new_tokens = T
         tok = torch.arange(start, start + T, device=h.device)
-        cos, sin = self.backbone.model.rotary_emb(h, self.positions(tok))  # [n, T, head_dim]
-        within_rope = (cos.repeat(B, 1, 1), sin.repeat(B, 1, 1))  # row b·n + s of the folded batch
-        mixing_rope = (cos.reshape(1, n * T, -1), sin.reshape(1, n * T, -1))
-        within_mask = mix_mask = None  # None: SDPA's causal path (no cache, or decoding one token)
-        if start and T > 1:  # several new tokens after cached ones: causal with an offset
-            within_mask = (torch.arange(start + T, device=h.device)[None, :] <= tok[:, None])[None, None]
-        if self.mixing_layers:
-            q_tok, q_str = tok.repeat(n), torch.arange(n, device=h.device).repeat_interleave(T)  # stream-major
-            k_tok, k_str = q_tok, q_str
-            if cache is not None:
-                if cache.tokens is not None:
-                    k_tok, k_str = torch.cat([cache.tokens, q_tok]), torch.cat([cache.streams, q_str])
-                cache.tokens, cache.streams = k_tok, k_str
-            mix_mask = mixing_mask(q_tok, q_str, k_tok, k_str)[None, None]
+        rope, masks = {}, {"within": None, "mixing": None}  # mask None: SDPA's causal path (or one query token)
+        for kind in {self.layer_kind(i) for i in range(self.n_layer)}:
+            cos, sin = self.backbone.model.rotary_emb(h, self.positions(tok, kind))  # [n, T, head_dim]
+            if kind == "within":  # row b·n + s of the folded batch
+                rope[kind] = (cos.repeat(B, 1, 1), sin.repeat(B, 1, 1))
+            else:  # token-major entry n·i + s
+                rope[kind] = tuple(x.transpose(0, 1).reshape(1, T * n, -1) for x in (cos, sin))
+        if start:  # new entries after cached ones: causal with an offset (SDPA's is_causal aligns top-left)
+            per_token = {"within": 1, "mixing": n}
+            for kind, p in per_token.items():
+                if kind == "within" and T == 1:
+                    continue
+                q = torch.arange(p * T, device=h.device)[:, None] + p * start
+                masks[kind] = (torch.arange(p * (start + T), device=h.device)[None, :] <= q)[None, None]
+        layout = "within"  # h is [B, n, T, d] (stream-major); "mixing": [B, T, n, d] (token-major)
         for i, layer in enumerate(self.backbone.model.layers):
-            if i in self.mixing_layers:
-                h = layer(h.reshape(B, n * T, d), attention_mask=mix_mask, position_embeddings=mixing_rope,
-                          past_key_values=cache)
-            else:
-                h = layer(h.reshape(B * n, T, d), attention_mask=within_mask, position_embeddings=within_rope,
-                          past_key_values=cache)
-            h = h.view(B, n, T, d)
+            kind = self.layer_kind(i)
+            if kind != layout:  # the one copy: where the layer kind changes
+                h, layout = h.transpose(1, 2).contiguous(), kind
+            x = h.reshape(B * n, T, d) if kind == "within" else h.reshape(B, T * n, d)
+            x = layer(x, attention_mask=masks[kind], position_embeddings=rope[kind], past_key_values=cache)
+            h = x.view(h.shape)
             if hidden_out is not None:
-                hidden_out.append(h)
+                hidden_out.append(h if layout == "within" else h.transpose(1, 2))
         if cache is not None:
             cache.length += T
-        return h
+        return h if layout == "within" else h.transpose(1, 2)
 
     def stream_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on [..., d]."""
@@ -201,7 +215,7 @@ class HiddenDecodingLM(nn.Module):
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """Continue idx [B, T] by `max_new_tokens`: greedy at temperature 0, else sampling (optionally top-k).
         One forward over the prompt, then one token (n positions) per step against the KV cache."""
-        cache = StreamCache()
+        cache = StreamCache(idx.shape[1] + max_new_tokens)
         logits = self.step(idx, cache)[:, -1]
         out = [idx]
         for k in range(max_new_tokens):
@@ -222,7 +236,7 @@ class HiddenDecodingLM(nn.Module):
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # tied weights once
         if non_embedding:
-            n -= sum(t.weight.numel() for t in self.embeddings())
+            n -= sum(t.weight.numel() for t in {id(t): t for t in self.embeddings()}.values())
             if not self.backbone.config.tie_word_embeddings:
                 n -= self.backbone.lm_head.weight.numel()
         return n

@@ -1,10 +1,14 @@
 """Hidden Decoding models in and out (METHODS §C): built on a backbone from a ModelSource, saved as Hugging Face
 safetensors plus the extra embedding tables and the stream config.
 
-A saved folder is the backbone's own Hugging Face checkpoint (E_1 as its `embed_tokens`, so transformers still
-loads it as the plain model) with two files beside it:
+A saved folder holds the backbone's weights as its Hugging Face checkpoint wrote them (E_1 as its `embed_tokens`)
+with two files beside them:
     hidden_decoding.safetensors   E_2..E_n as `extra_embeds.<k>.weight`
-    hidden_decoding.json          {"format", "format_version", "model": n_streams, attention, mixing layers, ...}
+    hidden_decoding.json          {"format", "format_version", "model": n_streams, attention, mixing layers, ...,
+                                   "backbone": the backbone's own config.json}
+and a config.json of its own (model_type `scalelab_hidden_decoding`, naming `load_hidden_decoding`): transformers
+refuses the folder ("does not recognize this architecture") instead of silently loading the plain backbone and
+dropping the extra tables and the streams.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from scalelab.config import HiddenDecodingModelConfig, ModelSource
-from scalelab.model.hf import load_causal_lm
+from scalelab.model.hf import DTYPES, load_causal_lm
 from scalelab.model.hidden_decoding import HiddenDecodingLM
 
-FORMAT, FORMAT_VERSION = "scalelab-hidden-decoding", 1
+FORMAT, FORMAT_VERSION = "scalelab-hidden-decoding", 2
+MODEL_TYPE = "scalelab_hidden_decoding"
 CONFIG_NAME, WEIGHTS_NAME = "hidden_decoding.json", "hidden_decoding.safetensors"
 
 
@@ -36,14 +42,20 @@ def save_hidden_decoding(model: HiddenDecodingLM, out_dir: str | os.PathLike, to
     """Write the backbone (Hugging Face format), the extra tables and the stream config; the tokenizer when given."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer is not None:  # first: its files must not depend on config.json's model type
+        tokenizer.save_pretrained(out_dir)
     model.backbone.save_pretrained(out_dir, safe_serialization=True)
     tables = {f"extra_embeds.{k}.weight": t.weight.detach().contiguous() for k, t in enumerate(model.extra_embeds)}
     save_file(tables, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.cfg.model_dump(mode="json"),
-            "mixing_layers": sorted(model.mixing_layers)}  # as resolved for this backbone
+            "mixing_layers": sorted(model.mixing_layers),  # as resolved for this backbone
+            "backbone": json.loads((out_dir / "config.json").read_text())}
     (out_dir / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
+    (out_dir / "config.json").write_text(json.dumps(
+        {"model_type": MODEL_TYPE, "architectures": ["HiddenDecodingLM"],
+         "note": f"{model.n}-stream Hidden Decoding model: load with "
+                 "scalelab.model.hidden_decoding_io.load_hidden_decoding (the backbone's config is in "
+                 f"{CONFIG_NAME})"}, indent=2) + "\n")
 
 
 def load_hidden_decoding(path: str | os.PathLike, dtype: str = "float32",
@@ -58,7 +70,11 @@ def load_hidden_decoding(path: str | os.PathLike, dtype: str = "float32",
         raise ValueError(f"{path / CONFIG_NAME}: format {meta.get('format')!r} version {meta.get('format_version')!r}, "
                          f"expected {FORMAT!r} version {FORMAT_VERSION}")
     cfg = HiddenDecodingModelConfig.model_validate(meta["model"])
-    model = HiddenDecodingLM(load_causal_lm(path, dtype, device), cfg)
+    backbone = dict(meta["backbone"])
+    config = AutoConfig.for_model(backbone.pop("model_type"), **backbone)  # config.json is the HD model's own
+    weights = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=DTYPES[dtype], use_safetensors=True,
+                                                   local_files_only=True, trust_remote_code=False)
+    model = HiddenDecodingLM(weights.to(device).eval(), cfg)
     tables = load_file(str(path / WEIGHTS_NAME), device=str(device))
     expected = {f"extra_embeds.{k}.weight" for k in range(len(model.extra_embeds))}
     if set(tables) != expected:

@@ -4,13 +4,14 @@
   computes it (Gauss-Newton-Bartlett), and the loop passes it as `optimizer.step(hessian=...)`.
 - Schedule-Free optimizers train at the interpolated iterate y and evaluate at the average x: `eval_weights`
   swaps x in for validation and checkpoints, `train_weights` swaps y back before a training step.
-- `state_bytes` reads the optimizer state's size from its tensors.
+- `state_bytes` reads the optimizer state's size from its tensors; `step_peak_bytes` measures the memory an
+  optimizer step itself allocates at its peak (issue 19: not the process's high-water mark).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytorch_optimizer as po
 import torch
@@ -84,3 +85,30 @@ def state_bytes(opts: Sequence[torch.optim.Optimizer]) -> int:
         return 0
 
     return sum(size({k: v for k, v in s.items() if k != "step"}) for opt in opts for s in opt.state.values())
+
+
+def step_peak_bytes(step: Callable[[], object], device: torch.device) -> int:
+    """The peak of the bytes allocated while `step()` runs, above what was allocated when it began: the step's own
+    cost (its state, if it creates it, and its temporaries), whatever ran before it in the process.
+
+    CUDA: the allocator's peak counter, reset just before. CPU: torch's profiler with memory profiling records every
+    allocation and free of torch's CPU allocator as a "[memory]" event with its signed size (tracemalloc sees only
+    Python's heap, not tensors); the running sum of those in time order peaks at the step's peak."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - start
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    running = peak = 0
+    for e in events:
+        running += e.nbytes()
+        peak = max(peak, running)
+    return peak

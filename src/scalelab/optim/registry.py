@@ -1,11 +1,14 @@
 """Optimizer registry and parameter grouping (METHODS §A weight-decay policy, §B families).
 
 Parameters are grouped by the model's `param_kind`: "matrix", "embedding", "input_scale", "output_scale". Decay on
-the two scale kinds follows the variant's policy (`wd_input_scales`, `wd_output_scales`), at the matrices' rate.
+the two scale kinds follows the variant's policy (`wd_input_scales`, `wd_output_scales`), at the matrices' rate times
+`scale_wd_mult` (the dose of METHODS §A's γ decay).
 An optimizer takes the hidden matrices and the embeddings (LM head included), or with `matrices_only` the hidden 2-D
 matrices alone; everything else, scale vectors always included, goes to an AdamW side-optimizer (METHODS §A: "scale
-vectors are always optimised by AdamW-style updates"; §B: 1-D params and embeddings to AdamW under Muon). The
-families themselves live in scalelab.optim.families, which registers them here.
+vectors are always optimised by AdamW-style updates"; §B: 1-D params and embeddings to AdamW under Muon). A
+Schedule-Free optimizer (itself AdamW-style) takes every group, scale vectors included: a side AdamW would run on the
+constant schedule Schedule-Free trains with and never be averaged (issue 19). The families themselves live in
+scalelab.optim.families, which registers them here.
 """
 
 from __future__ import annotations
@@ -55,11 +58,12 @@ def param_groups(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> 
     Under magdir (γ = g·v/‖v‖) decay applies to the magnitude g only: γ does not change when v is scaled, so decaying
     v would not pull γ toward 0, it would only shrink ‖v‖ and so raise the effective step on the direction. The
     direction vectors get their own undecayed groups ("<kind>_direction")."""
+    on_scales = cfg.weight_decay * cfg.scale_wd_mult
     decay = {
         "matrix": cfg.weight_decay,
         "embedding": cfg.weight_decay,
-        "input_scale": cfg.weight_decay if scale.wd_input_scales else 0.0,
-        "output_scale": cfg.weight_decay if scale.wd_output_scales else 0.0,
+        "input_scale": on_scales if scale.wd_input_scales else 0.0,
+        "output_scale": on_scales if scale.wd_output_scales else 0.0,
     }
     groups: dict[str, dict] = {}
     for name, p in model.named_parameters():
@@ -89,10 +93,10 @@ def build_optimizers(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig)
     grouping). The AdamW side runs at `cfg.adamw_lr` (None: `cfg.lr`) with the optimizer's betas, eps and decay."""
     family = spec(cfg.name)
     groups = param_groups(model, cfg, scale)
-    if family.factory is _adamw:  # one optimizer for everything
+    if family.factory is _adamw or family.schedule_free:  # one optimizer for everything
         for g in groups.values():
             g["base_lr"] = g["lr"] = cfg.lr
-        return [_adamw(list(groups.values()), cfg)]
+        return [family.factory(list(groups.values()), cfg, model)]
     mine = ("matrix",) if family.matrices_only else ("matrix", "embedding")
     main = [groups.pop(k) for k in mine if k in groups]
     if family.matrices_only and any(p.ndim != 2 for g in main for p in g["params"]):
@@ -106,6 +110,7 @@ def build_optimizers(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig)
     for g in optimizers[0].param_groups if optimizers else []:  # families that regroup (Adam-mini) keep a base_lr
         g.setdefault("base_lr", cfg.lr)
     if groups:
-        side = OptimizerConfig(name="adamw", lr=side_lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps)
+        side = OptimizerConfig(name="adamw", lr=side_lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps,
+                               scale_wd_mult=cfg.scale_wd_mult)
         optimizers.append(_adamw(list(groups.values()), side))
     return optimizers

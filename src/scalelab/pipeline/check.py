@@ -1,14 +1,16 @@
 """Pre-flight check: everything about params and inputs that can be known before DVC touches anything.
 
-    python -m scalelab.pipeline.check                        # params.yaml: YAML, schema, names, every grid cell's model;
-                                                    # the local inputs it names (corpus, tokenizer file)
-    python -m scalelab.pipeline.check --shards data/tokens   # also: the token shards can fill seq_len and the val windows
-    python -m scalelab.pipeline.check --stage                # the DVC stage `validate`: the above, then its marker file
+    scalelab check                        # params.yaml: YAML, schema, names, every grid cell's model, the machine
+                                          # settings merged in; the local inputs it names (corpus, tokenizer file)
+    scalelab check --shards data/tokens   # also: the token shards can fill seq_len and the val windows
+    scalelab check --stage                # the DVC stage `validate`: the above, then its marker file
+    (the same as `python -m scalelab.pipeline.check ...`)
 
 Why first: DVC deletes a stage's outs right before running its command, so a stage that refuses a mistyped key has
-already lost its previous results. `make repro` runs this before `dvc repro`, and dvc.yaml's `validate` stage, which
+already lost its previous results. `scalelab repro` runs this before the flow, and dvc.yaml's `validate` stage, which
 every stage depends on, runs it at the head of the DAG: DVC stops a repro at its first failing stage, before removing
-any other stage's outs. One line per error; exit 0 ok, 2 params, 3 data (scalelab.pipeline.stage's codes).
+any other stage's outs; as that stage it also checks that its interpreter runs this project's code
+(scalelab.pipeline.interpreter). One line per error; exit 0 ok, 2 params, 3 data (scalelab.pipeline.stage's codes).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def check_shards(params: Params, shards_dir: str | Path) -> None:
 
 def preflight(params_path: str | Path = "params.yaml", shards_dir: str | Path | None = None) -> Params:
     """All checks; raises ParamsError or DataError with a one-line message."""
+    from scalelab.pipeline.interpreter import check_project_code
+
+    check_project_code()  # as the DVC stage `validate`: this interpreter runs this project's code
     params = load_params(params_path)
     check_cells(params)
     check_inputs(params)
@@ -71,7 +76,7 @@ def preflight(params_path: str | Path = "params.yaml", shards_dir: str | Path | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scalelab.pipeline.check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scalelab check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--shards", help="a token shard folder (data/tokens) to check against pretrain's windows")

@@ -14,7 +14,7 @@ from typing import Callable
 
 from scalelab.config import Params, ParamsError, load_params
 
-EXIT_PARAMS = 2  # params: schema, YAML syntax, names (scalelab.config)
+EXIT_PARAMS = 2  # params: schema, YAML syntax, names (scalelab.config); a stage interpreter running other code
 EXIT_DATA = 3  # data and paths: corpus, shards, tokenizer, a seq_len the data cannot fill (scalelab.data.DataError)
 EXIT_NONFINITE = 4  # training diverged: a NaN/inf loss or gradient norm (the last good checkpoint is kept)
 
@@ -29,7 +29,13 @@ def stage_main(body: Callable[[Params], None], params_path: str = "params.yaml",
     from scalelab.runtime.log import setup as setup_logging
 
     setup_logging()  # one log format; the libraries' start-up noise off (scalelab.runtime.log)
-    return reported(name or sys.argv[0], lambda: body(load_params(params_path)))
+    from scalelab.pipeline.interpreter import check_project_code
+
+    def run() -> None:
+        check_project_code()  # under DVC: the code DVC hashes is the code that runs (pipeline/interpreter.py)
+        body(load_params(params_path))
+
+    return reported(name or sys.argv[0], run)
 
 
 def reported(name: str, fn: Callable[[], object]) -> int:

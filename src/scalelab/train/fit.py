@@ -35,6 +35,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from scalelab.runtime import placement
 from scalelab.config import Params, ParamsError, RecipeConfig, load_params
 from scalelab.data import atomic_dir, check_windows, open_shards, write_json_atomic
+from scalelab.config.machine import MACHINE_KEYS
 from scalelab.model import Transformer
 from scalelab.model.export import save_model
 from scalelab.train.callbacks import (
@@ -81,7 +82,9 @@ def config_hash(params: Params, cell: Cell, shards_dir: str | Path) -> str:
         "model": model.model_dump(mode="json", exclude={"vocab_size"}),
         "recipe": recipe.model_dump(mode="json"),
         "optimizer": params.optim[recipe.optimizer].model_dump(mode="json"),
-        "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes", "keep_stale"}),
+        # where it runs is no part of the trajectory: a checkpoint resumes on another machine's threads or devices
+        "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes", "keep_stale",
+                                                                     *MACHINE_KEYS["pretrain"]}),
         "seed": cell.seed,
         "data": data,
         "code": _code_digest(),

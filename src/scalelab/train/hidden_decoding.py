@@ -6,6 +6,11 @@ Every cell continues the same backbone on the same batches (a pure function of s
 n_streams, attention, and the step budget: the base budget, or (`flops_of`) as many steps as make the cell's
 training FLOPs equal those of another stream configuration on the base budget (counted analytically,
 scalelab.model.hidden_decoding.flops_per_token).
+
+The token streams are the pipeline's shards for a pretrain cell, and for any other backbone the prepared corpus
+encoded with the backbone's own tokenizer (hidden_decoding.train.corpus; the compress stage's
+scalelab.compress.data), so a user's Hugging Face model continues on the project's documents without retokenizing
+the project.
 """
 
 from __future__ import annotations
@@ -15,18 +20,22 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning as L
 
-from scalelab.runtime import placement
+from scalelab.compress.data import from_text
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ScaleConfig
+from scalelab.config.machine import MACHINE_KEYS
 from scalelab.data import DataError, atomic_dir, check_windows, open_shards, write_json_atomic
+from scalelab.data.loader import Shards
 from scalelab.model.hf import load_hf_tokenizer
 from scalelab.model.hidden_decoding import HiddenDecodingLM, flops_per_token
 from scalelab.model.hidden_decoding_io import from_source, save_hidden_decoding
-from scalelab.train.callbacks import MetricsFile, NonFiniteGuard, StepCheckpoint, Throughput, Validation
+from scalelab.runtime import placement
+from scalelab.train.callbacks import MetricsFile, NonFiniteGuard, Progress, StepCheckpoint, Throughput, Validation
 from scalelab.train.datamodule import TokenDataModule
 from scalelab.train.fit import PRECISION_DTYPE, _code_digest, _device, _peak_mem_mb, peak_flops
 from scalelab.train.module import LitLM
@@ -61,14 +70,47 @@ def source_digest(location: str) -> str:
     return h.hexdigest()[:16]
 
 
-def config_hash(hd: HiddenDecodingConfig, cell: str, seed: int, steps: int, shards_dir: str | Path) -> str:
+@dataclass
+class Corpus:
+    """The token streams of every cell, in the backbone's vocabulary, and their identity for the config hash."""
+
+    shards: Shards
+    digest: str
+
+
+def backbone_tokenizer(hd: HiddenDecodingConfig):
+    """The tokenizer saved beside the backbone, or None (a folder of weights only)."""
+    try:
+        return load_hf_tokenizer(hd.source.location())
+    except ValueError:
+        return None
+
+
+def load_corpus(hd: HiddenDecodingConfig, shards_dir: str | Path, prepared_dir: str | Path, tokenizer) -> Corpus:
+    """The pipeline's checksummed shards, or (hd.uses_text) the first `text_tokens` tokens of each prepared split
+    encoded with the backbone's tokenizer, documents joined by its EOS (as the compress stage encodes them)."""
+    if not hd.uses_text():
+        shards = open_shards(shards_dir)
+        sums = {k: v["sha256"] for k, v in shards.meta["shards"].items()}
+        return Corpus(shards, hashlib.sha256(json.dumps(sums, sort_keys=True).encode()).hexdigest())
+    if tokenizer is None:
+        raise DataError(f"hidden_decoding.train.corpus: {hd.source.location()!r} has no tokenizer to encode the "
+                        "prepared corpus with (save one beside the weights, or set train.corpus: shards)")
+    if not (Path(prepared_dir) / "train.parquet").is_file():
+        raise DataError(f"no {Path(prepared_dir) / 'train.parquet'} (run the prepare stage first)")
+    s = from_text(prepared_dir, tokenizer, hd.train.text_tokens)
+    digest = hashlib.sha256(s.train.tobytes() + b"|" + s.val.tobytes()).hexdigest()
+    return Corpus(Shards(train=s.train, val=s.val, vocab_size=s.vocab_size, eot_id=tokenizer.eos_token_id,
+                         meta={"source": "text", "tokens": [len(s.train), len(s.val)]}), digest)
+
+
+def config_hash(hd: HiddenDecodingConfig, cell: str, seed: int, steps: int, corpus: Corpus) -> str:
     """Everything that fixes a cell's trajectory: its model, the train section, its budget, the seed, the backbone's
-    files, the data's checksums and the training code. A checkpoint resumes only under the same hash."""
-    meta = Path(shards_dir) / "meta.json"
-    data = {k: v["sha256"] for k, v in json.loads(meta.read_text())["shards"].items()} if meta.is_file() else None
-    blob = {"model": hd.model(cell).model_dump(mode="json"), "train": hd.train.model_dump(mode="json"),
+    files, the data's identity and the training code. A checkpoint resumes only under the same hash."""
+    machine = set(MACHINE_KEYS["hidden_decoding.train"])  # where it runs is no part of the trajectory
+    blob = {"model": hd.model(cell).model_dump(mode="json"), "train": hd.train.model_dump(mode="json", exclude=machine),
             "steps": steps, "seed": seed, "source": hd.source.model_dump(mode="json"),
-            "backbone": source_digest(hd.source.location()), "data": data, "code": _code_digest()}
+            "backbone": source_digest(hd.source.location()), "data": corpus.digest, "code": _code_digest()}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -83,26 +125,26 @@ def check_vocab(model: HiddenDecodingLM, vocab_size: int, tokenizer) -> None:
 
 
 def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path, shards_dir: str | Path,
-             run: StageRun | None = None, plot: Path | None = None) -> dict:
+             run: StageRun | None = None, plot: Path | None = None, prepared_dir: str | Path = "data/prepared",
+             corpus: Corpus | None = None) -> dict:
     """Continue the backbone as `cell` into `out_dir` (ckpt/ persistent; model/ with the Hugging Face folder plus
-    extra tables, curve.csv and metrics.json); return its final metrics. `plot`: a second copy of curve.csv."""
+    extra tables, curve.csv and metrics.json); return its final metrics. `plot`: a second copy of curve.csv.
+    `corpus`: the streams if already loaded (load_corpus), else loaded from `shards_dir` or `prepared_dir`."""
     start_time, tc, out_dir = time.perf_counter(), hd.train, Path(out_dir)
-    shards = open_shards(shards_dir)
+    tokenizer = backbone_tokenizer(hd)  # None: the vocabulary size check alone
+    corpus = corpus or load_corpus(hd, shards_dir, prepared_dir, tokenizer)
+    shards = corpus.shards
     placement.set_torch_threads(tc.threads)
     device = _device(tc.accelerator)
     cfg: HiddenDecodingModelConfig = hd.model(cell)
     L.seed_everything(seed, verbose=False)  # the extra tables' noise is a function of the seed
     model = from_source(hd.source, cfg, device).train()  # loaded in eval mode; Lightning keeps a module's mode
-    try:
-        tokenizer = load_hf_tokenizer(hd.source.location())
-    except ValueError:  # no tokenizer beside the weights: the vocabulary size check alone
-        tokenizer = None
     # Data checks before the checkpoint folder is claimed: a run that fails them leaves it as it was.
-    check_vocab(model, shards.vocab_size, tokenizer)
+    check_vocab(model, shards.vocab_size, tokenizer if not hd.uses_text() else None)
     check_windows(len(shards.train), len(shards.val), seq_len=tc.seq_len, val_tokens=tc.val_tokens)
     total = cell_steps(hd, cell, model.backbone.config)
     datamodule = TokenDataModule(shards, tc.model_copy(update={"max_steps": total}), seed)
-    chash = config_hash(hd, cell, seed, total, shards_dir)
+    chash = config_hash(hd, cell, seed, total, corpus)
     resume = claim_ckpt_dir(out_dir / "ckpt", chash, run.run_id if run is not None else None, tc.keep_stale)
     peak = (tc.peak_flops or peak_flops(PRECISION_DTYPE[tc.precision], device)) * tc.devices
 
@@ -115,6 +157,8 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
     trainer = L.Trainer(
         accelerator=tc.accelerator, devices=tc.devices, precision=tc.precision, max_epochs=1, max_steps=-1,
         callbacks=[throughput, NonFiniteGuard(), Validation(tc.val_every, total), curve,
+                   *([] if sys.stdout.isatty() else [Progress(f"hidden_decoding@{cell}-{seed}", total,
+                                                              tokens_per_step)]),
                    StepCheckpoint(out_dir / "ckpt", tc.ckpt_every, total)],
         logger=(run.lightning_logger() if run is not None else None) or False, default_root_dir=out_dir,
         enable_progress_bar=sys.stdout.isatty(), enable_model_summary=False, use_distributed_sampler=False,
@@ -144,8 +188,8 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
     return metrics
 
 
-def resume_run_id(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path,
-                  shards_dir: str | Path, backbone_config) -> str | None:
+def resume_run_id(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path, corpus: Corpus,
+                  backbone_config) -> str | None:
     """The MLflow run to reopen: that of a resumable checkpoint of this cell under the same config hash."""
-    chash = config_hash(hd, cell, seed, cell_steps(hd, cell, backbone_config), shards_dir)
+    chash = config_hash(hd, cell, seed, cell_steps(hd, cell, backbone_config), corpus)
     return stored_run_id(out_dir, chash)

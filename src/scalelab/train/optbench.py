@@ -1,16 +1,18 @@
-"""The optimizer benchmark's training runs (METHODS §B): an LR sweep cell and a seed-rerun cell per optimizer and
-model size, every run through the pretraining trainer (scalelab.train.fit) on a params copy built on the fly.
+"""The optimizer benchmark's training runs (METHODS §B, the protocol of scalelab.config.optbench): a sweep cell and a
+rerun cell per optimizer and model size, every run through the pretraining trainer (scalelab.train.fit) on a params
+copy built on the fly.
 
 A cell runs its runs one after another in one process: a process costs seconds of start-up (imports, DVC, MLflow)
 against a few seconds per run at the default profile, so a cell per run would spend more on overhead than on
-training (the stage's docstring has the measurement). Each run keeps its own folder with fit's checkpoint and a
-`result.json` under its config hash: a rerun of a cell reuses the finished runs and resumes an interrupted one from
-its checkpoint, with the optimizer state (fit's resume).
+training. Each run keeps its own folder with fit's checkpoint and a `result.json` under its config hash: a rerun of a
+cell reuses the finished runs and resumes an interrupted one from its checkpoint, with the optimizer state.
 
-Per run: final validation loss, the validation curve (tokens at which it reaches a target: the leaderboard's speed-up
-in data), median step time, optimizer-state bytes per parameter read from the state tensors, peak memory (RSS high
-water mark on CPU, reset per run; max_memory_allocated on GPU) and divergence: a non-finite loss or gradient
-(NonFiniteGuard's FloatingPointError, caught here so the sweep goes on) or a final training loss above the first.
+A run is named by its hyperparameters (`hp`: {"lr": …, and each second hyperparameter that differs from its default}),
+seed and data budget (a fraction of the benchmark's steps, each with its own full schedule). Per run: final
+validation loss (the end-of-run loss every comparison uses), the validation curve (a secondary plot only), median
+step time, optimizer-state bytes per parameter and divergence: a non-finite loss or gradient (NonFiniteGuard's
+FloatingPointError, caught here so the sweep goes on) or a final training loss above the first. Per cell, in the
+sweep's process: the step-time ratio to the baseline and the optimizer step's own peak memory (hooks.step_peak_bytes).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import statistics
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from lightning.pytorch.callbacks import Callback
 from scalelab.config import OptBenchConfig, Params, ParamsError, RecipeConfig
 from scalelab.data import write_json_atomic
 from scalelab.optim import OPTIMIZERS, hooks, spec
+from scalelab.optim.protocol import normal, run_name, score, tune
 from scalelab.train import Cell, config_hash, fit, resume_run_id
 
 RECIPE = "optbench"  # the recipe and optim key of the run in its params copy
@@ -36,13 +38,29 @@ NON_FINITE, ABOVE_START = "non-finite", "loss above start"
 
 
 def bench(params: Params) -> OptBenchConfig:
+    """The section, with what it needs of `optim` checked before any compute: registered names, the centre of each
+    second hyperparameter, and a GaLore projector refreshed within the run (its gap shorter than the run)."""
     if params.optimizers is None:
         raise ParamsError("params has no `optimizers` section (the optimizer benchmark, config/optbench.py)")
-    for name in params.optimizers.optimizers:
-        spec_name = params.optim[name].name
-        if spec_name not in OPTIMIZERS:
-            raise ParamsError(f"optim.{name}.name: unknown optimizer {spec_name!r}; registered: {sorted(OPTIMIZERS)}")
-    return params.optimizers
+    ob = params.optimizers
+    steps = bench_steps(params)
+    for name in ob.optimizers:
+        cfg = params.optim[name]
+        if cfg.name not in OPTIMIZERS:
+            raise ParamsError(f"optim.{name}.name: unknown optimizer {cfg.name!r}; registered: {sorted(OPTIMIZERS)}")
+        for hp in ob.second.get(name, []):
+            if hp.startswith("kwargs.") and hp[7:] not in cfg.kwargs:
+                raise ParamsError(f"optimizers.second.{name}: {hp!r} needs optim.{name}.kwargs.{hp[7:]} (its centre)")
+        gap = cfg.kwargs.get("update_proj_gap")
+        if cfg.name == "galore" and (gap is None or gap >= steps):
+            raise ParamsError(f"optim.{name}.kwargs.update_proj_gap {gap}: must be set below the run's {steps} steps "
+                              "(else GaLore's projector is never refreshed)")
+    return ob
+
+
+def bench_steps(params: Params) -> int:
+    """The benchmark's own budget in steps (budget 1.0)."""
+    return params.optimizers.max_steps or params.pretrain.total_steps()
 
 
 def check_cell(params: Params, optimizer: str, size: str) -> OptBenchConfig:
@@ -52,28 +70,44 @@ def check_cell(params: Params, optimizer: str, size: str) -> OptBenchConfig:
     return ob
 
 
-def lr_key(lr: float) -> str:
-    return f"{lr:.6g}"
-
-
-def run_params(params: Params, optimizer: str, lr: float) -> Params:
-    """`params` with recipe and optim entry RECIPE = `optim.<optimizer>` at `lr` (its AdamW side-group's lr scaled by
-    the same factor: one LR knob per optimizer), and the benchmark's overrides of `pretrain`. Schedule-Free optimizers
-    keep the schedule's warmup and no decay: their averaging is the decay."""
+def run_params(params: Params, optimizer: str, hp: dict | float, budget: float = 1.0, batch: int = 1) -> Params:
+    """`params` with recipe and optim entry RECIPE = `optim.<optimizer>` at the hyperparameters `hp` (a dict, or an
+    LR alone), its AdamW side-group's lr scaled by the same factor as the LR (one LR knob per optimizer), for
+    `budget` × the benchmark's tokens with its own full schedule, at `batch` × pretrain's batch (the same tokens in
+    1/batch the steps), and the benchmark's overrides of `pretrain`.
+    Schedule-Free optimizers keep the schedule's warmup and no decay: their averaging is the decay. AdEMAMix warms α
+    and β3 up over the whole run (Pagliardini et al. 2024: T_α = T_β3 = the run's steps) unless its kwargs say."""
     ob, base = params.optimizers, params.optim[optimizer]
-    factor = lr / base.lr
-    cfg = base.model_copy(update={"lr": lr, "adamw_lr": base.adamw_lr * factor if base.adamw_lr else None})
-    schedule = ob.schedule.model_copy(update={"name": "constant"}) if spec(base.name).schedule_free else ob.schedule
+    hp = {"lr": hp} if isinstance(hp, (int, float)) else hp
+    steps = max(1, round(bench_steps(params) * budget / batch))
+    factor = hp["lr"] / base.lr
+    update: dict = {"lr": hp["lr"], "adamw_lr": base.adamw_lr * factor if base.adamw_lr else None}
+    kwargs = dict(base.kwargs)
+    for k, v in hp.items():
+        if k in ("beta1", "beta2"):
+            betas = list(update.get("betas", base.betas))
+            betas[k == "beta2"] = v
+            update["betas"] = tuple(betas)
+        elif k.startswith("kwargs."):
+            kwargs[k[7:]] = v
+        elif k in ("weight_decay", "momentum"):
+            update[k] = v
+    if base.name == "ademamix":
+        kwargs.setdefault("t_alpha_beta3", steps)
+    cfg = base.model_copy(update={**update, "kwargs": kwargs})
+    schedule = ob.schedule.model_copy(update={"warmup": hp.get("warmup", ob.schedule.warmup)})
+    if spec(base.name).schedule_free:
+        schedule = schedule.model_copy(update={"name": "constant"})
     pre = params.pretrain
-    steps = ob.max_steps
-    update = {
+    pre_update = {
         "recipes": {**pre.recipes, RECIPE: RecipeConfig(optimizer=RECIPE, schedule=schedule)},
         "val_every": ob.val_every,
         "val_tokens": ob.val_tokens or pre.val_tokens,
         "sharpness": pre.sharpness.model_copy(update={"enabled": False}),  # §A's diagnostic, not this study's
-        **({"max_steps": steps, "max_tokens": None} if steps else {}),
+        "max_steps": steps, "max_tokens": None, "batch_size": pre.batch_size * batch,
     }
-    return params.model_copy(update={"optim": {**params.optim, RECIPE: cfg}, "pretrain": pre.model_copy(update=update)})
+    return params.model_copy(update={"optim": {**params.optim, RECIPE: cfg},
+                                     "pretrain": pre.model_copy(update=pre_update)})
 
 
 class Probe(Callback):
@@ -104,50 +138,31 @@ class Probe(Callback):
         self.curve = [tuple(r) for r in state_dict["curve"]]
 
 
-def _reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        try:  # Linux: "5" resets this process's RSS high-water mark (VmHWM), so each run gets its own peak
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
-
-
-def _peak_memory_mb(device: torch.device) -> float | None:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
-    except (OSError, AttributeError):
-        return None
-
-
-def train_run(params: Params, optimizer: str, size: str, lr: float, seed: int, out_dir: Path, shards: Path,
-              stage: str | None) -> dict:
+def train_run(params: Params, optimizer: str, size: str, hp: dict | float, seed: int, out_dir: Path, shards: Path,
+              stage: str | None, budget: float = 1.0, batch: int = 1) -> dict:
     """One run of the benchmark (fit on the params copy), or its earlier result under the same config hash.
 
     `stage` names its MLflow child run (None: no tracking)."""
     from scalelab import tracking
 
-    sub = run_params(params, optimizer, lr)
+    hp = normal(params, optimizer, {"lr": hp} if isinstance(hp, (int, float)) else hp)
+    sub = run_params(params, optimizer, hp, budget, batch)
     cell = Cell(variant=params.optimizers.variant, size=size, recipe=RECIPE, seed=seed)
     chash = config_hash(sub, cell, shards)
     done = out_dir / "result.json"
     if done.is_file() and (old := json.loads(done.read_text())).get("config_hash") == chash:
         return old
     pre = sub.pretrain
-    device = torch.device("cuda") if pre.accelerator in ("gpu", "cuda") else torch.device("cpu")
     probe = Probe(pre.batch_size * pre.seq_len)
-    result = {"optimizer": optimizer, "size": size, "seed": seed, "lr": lr, "config_hash": chash}
-    _reset_peak_memory(device)
+    result = {"optimizer": optimizer, "size": size, "seed": seed, "lr": hp["lr"], "hp": hp, "budget": budget,
+              "batch": batch, "config_hash": chash}
     logged = {"cell": {**result, "variant": cell.variant}, "optim": sub.optim[RECIPE].model_dump(mode="json"),
               "recipe": sub.pretrain.recipes[RECIPE].model_dump(mode="json")}
 
     def record(diverged: str | None, run_id: str | None) -> dict:
         result.update({"diverged": diverged, "start_loss": probe.start_loss, "state_bytes": probe.state_bytes,
                        "state_bytes_per_param": probe.state_bytes / probe.n_params if probe.n_params else None,
-                       "peak_mem_mb": _peak_memory_mb(device), "curve": probe.curve, "mlflow_run_id": run_id})
+                       "curve": probe.curve, "mlflow_run_id": run_id})
         write_json_atomic(done, result)
         return result
 
@@ -187,6 +202,26 @@ def train_step(model: torch.nn.Module, opts: list[torch.optim.Optimizer], x: tor
     return loss.item()
 
 
+def _arms(params: Params, names: list[str], size: str, data, device: torch.device) -> list[tuple]:
+    """(model, optimizers) per optimizer key: each its own copy of the same initial model (first sweep seed)."""
+    from scalelab.model import Transformer
+    from scalelab.optim import build_optimizers
+
+    ob, pre = params.optimizers, params.pretrain
+    arms = []
+    for name in names:
+        torch.manual_seed(ob.sweep_seeds[0])
+        model = Transformer(params.resolve_model(size, ob.variant, data.vocab_size)).to(device)
+        if pre.precision == "bf16-true":
+            model = model.to(torch.bfloat16)
+        arms.append((model, build_optimizers(model, params.optim[name], model.cfg.scale)))
+    return arms
+
+
+def _device(params: Params) -> torch.device:
+    return torch.device("cuda") if params.pretrain.accelerator in ("gpu", "cuda") else torch.device("cpu")
+
+
 def step_time_ratio(params: Params, optimizer: str, size: str, shards: Path) -> dict:
     """The optimizer's training step against the baseline's, timed in this process and interleaved step by step (one
     of each in turn, on the same batches, each on its own copy of the same model), so both see the same load: the
@@ -195,24 +230,15 @@ def step_time_ratio(params: Params, optimizer: str, size: str, shards: Path) -> 
     differs only in the update."""
     from scalelab.data import open_shards
     from scalelab.data.loader import train_batch
-    from scalelab.model import Transformer
-    from scalelab.optim import build_optimizers
 
     ob, pre = params.optimizers, params.pretrain
-    data = open_shards(shards)
-    device = torch.device("cuda") if pre.accelerator in ("gpu", "cuda") else torch.device("cpu")
+    data, device = open_shards(shards), _device(params)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=pre.precision.startswith("bf16"))
-    arms = []
-    for name in (ob.baseline, optimizer):
-        torch.manual_seed(ob.seed)
-        model = Transformer(params.resolve_model(size, ob.variant, data.vocab_size)).to(device)
-        if pre.precision == "bf16-true":
-            model = model.to(torch.bfloat16)
-        arms.append((model, build_optimizers(model, params.optim[name], model.cfg.scale), []))
+    arms = [(*arm, []) for arm in _arms(params, [ob.baseline, optimizer], size, data, device)]
     for step in range(ob.timing_steps + 2):
-        x, y = (t.to(device) for t in train_batch(data.train, seed=ob.seed, step=step, batch_size=pre.batch_size,
-                                                  seq_len=pre.seq_len))
+        x, y = (t.to(device) for t in train_batch(data.train, seed=ob.sweep_seeds[0], step=step,
+                                                  batch_size=pre.batch_size, seq_len=pre.seq_len))
         for model, opts, times in arms if step % 2 == 0 else arms[::-1]:
             sync()
             start = time.perf_counter()
@@ -225,9 +251,29 @@ def step_time_ratio(params: Params, optimizer: str, size: str, shards: Path) -> 
             "step_time_ratio": statistics.median([m / b for m, b in zip(mine, base)])}
 
 
-def _best(runs: list[dict]) -> dict | None:
-    ok = [r for r in runs if not r["diverged"]]
-    return min(ok, key=lambda r: r["val_loss"]) if ok else None
+def step_memory(params: Params, optimizer: str, size: str, shards: Path) -> dict:
+    """The optimizer step's own peak memory (hooks.step_peak_bytes): the first step of a fresh model and optimizer,
+    after its forward and backward (and Sophia's Hessian estimate) so only the update is measured. The first step is
+    the one that allocates the state, so the peak holds the state plus the step's temporaries; per parameter of the
+    model (all optimizers of the run, the AdamW side included, as state_bytes_per_param)."""
+    from scalelab.data import open_shards
+    from scalelab.data.loader import train_batch
+
+    ob, pre = params.optimizers, params.pretrain
+    data, device = open_shards(shards), _device(params)
+    (model, opts), = _arms(params, [optimizer], size, data, device)
+    x, y = (t.to(device) for t in train_batch(data.train, seed=ob.sweep_seeds[0], step=0,
+                                              batch_size=pre.batch_size, seq_len=pre.seq_len))
+    hooks.train_weights(opts)
+    model(x, y).loss.backward()
+    hessians = {id(o): hooks.gnb_hessian(model, x, hooks.params_of(o), seed=0) for o in opts if hooks.hessian_due(o)}
+
+    def step() -> None:
+        for opt in opts:
+            opt.step(hessian=hessians[id(opt)]) if id(opt) in hessians else opt.step()
+
+    peak = hooks.step_peak_bytes(step, device)
+    return {"step_peak_mb": peak / 2**20, "step_peak_bytes_per_param": peak / model.num_params()}
 
 
 def _summary(params: Params, optimizer: str, size: str, runs: list[dict]) -> dict:
@@ -238,48 +284,65 @@ def _summary(params: Params, optimizer: str, size: str, runs: list[dict]) -> dic
             "library": family.library, "centre_lr": cfg.lr,
             "diverged": sum(bool(r["diverged"]) for r in runs), "n_runs": len(runs),
             "step_time_s": statistics.median(steps) if steps else None,
-            "state_bytes_per_param": max((r["state_bytes_per_param"] or 0 for r in runs), default=None),
-            "peak_mem_mb": max((r["peak_mem_mb"] for r in runs if r["peak_mem_mb"]), default=None)}
+            "state_bytes_per_param": max((r["state_bytes_per_param"] or 0 for r in runs), default=None)}
 
 
-def sweep_cell(params: Params, optimizer: str, size: str, out_dir: Path, shards: Path, stage: str) -> dict:
-    """The LR grid of `optimizer` at `size` (sweep seed), then its step time against the baseline's, interleaved
-    in this process (`step_time_ratio`)."""
+def sweep_cell(params: Params, optimizer: str, size: str, out_dir: Path, shards: Path, stage: str | None) -> dict:
+    """The protocol's choice for `optimizer` at `size` (`tune`, every trial over the sweep seeds), then its step time
+    against the baseline's and its step's peak memory, each in this process."""
     ob = check_cell(params, optimizer, size)
-    grid = ob.lr_grid(params.optim[optimizer].lr)
-    runs = [train_run(params, optimizer, size, lr, ob.seed, out_dir / f"lr{lr_key(lr)}-s{ob.seed}", shards,
-                      f"{stage} lr={lr_key(lr)} seed={ob.seed}") for lr in grid]
-    best = _best(runs)
-    return {**_summary(params, optimizer, size, runs), "seed": ob.seed, "lr_grid": grid,
-            "best_lr": best["lr"] if best else None, "best_val_loss": best["val_loss"] if best else None,
-            **step_time_ratio(params, optimizer, size, shards), "runs": runs}
+    runs: list[dict] = []
+
+    def trial(hp: dict) -> float:
+        hp = normal(params, optimizer, hp)
+        mine = [train_run(params, optimizer, size, hp, s, out_dir / run_name(hp, s), shards,
+                          stage and f"{stage} {run_name(hp, s)}") for s in ob.sweep_seeds]
+        runs.extend(mine)
+        return score(mine)
+
+    chosen = tune(params, optimizer, trial)
+    return {**_summary(params, optimizer, size, runs), "sweep_seeds": ob.sweep_seeds, **chosen,
+            **step_time_ratio(params, optimizer, size, shards), **step_memory(params, optimizer, size, shards),
+            "runs": runs}
 
 
 def seeds_cell(params: Params, optimizer: str, size: str, sweep: dict, out_dir: Path, shards: Path,
-               stage: str) -> dict:
-    """`sweep`: the sweep cell's metrics (`cell_metrics`). The sweep's best LR rerun with `rerun_seeds`; for the baseline also its centre LR (the default recipe) at
-    every seed where the sweep has none, for the "tuned vs default" comparison. No best LR (every run diverged): no
-    reruns."""
+               stage: str | None) -> dict:
+    """`sweep`: the sweep cell's metrics (`cell_metrics`). Its chosen configuration rerun with `rerun_seeds`; for the
+    baseline also at every other data budget (the speed-up's reference curve) and at its default recipe (tuned vs
+    default), and the large-batch reruns of `batch_optimizers` (and of the baseline when there are any). Nothing
+    chosen (every run diverged): no reruns."""
     ob = check_cell(params, optimizer, size)
-    jobs = [(sweep["best_lr"], s) for s in ob.rerun_seeds] if sweep["best_lr"] is not None else []
-    if optimizer == ob.baseline:
-        centre = params.optim[optimizer].lr
-        have = {(r["lr"], r["seed"]) for r in sweep["runs"].values()} | set(jobs)
-        jobs += [(centre, s) for s in [ob.seed, *ob.rerun_seeds] if (centre, s) not in have]
-    runs = [train_run(params, optimizer, size, lr, s, out_dir / f"lr{lr_key(lr)}-s{s}", shards,
-                      f"{stage} lr={lr_key(lr)} seed={s}") for lr, s in jobs]
-    return {"optimizer": optimizer, "size": size, "best_lr": sweep["best_lr"], "runs": runs}
+    best = sweep["best_hp"]
+    jobs = [(best, s, 1.0, 1) for s in ob.rerun_seeds] if best is not None else []
+    if optimizer == ob.baseline and best is not None:
+        jobs += [(best, s, b, 1) for b in ob.budgets if b != 1.0 for s in ob.rerun_seeds]
+        default = normal(params, optimizer, {"lr": params.optim[optimizer].lr})
+        if default != normal(params, optimizer, best):
+            jobs += [(default, s, 1.0, 1) for s in ob.rerun_seeds]
+    if best is not None and (optimizer in ob.batch_optimizers or (optimizer == ob.baseline and ob.batch_optimizers)):
+        jobs += [(best, s, 1.0, ob.batch_factor) for s in ob.rerun_seeds]
+    runs = []
+    for hp, s, b, k in jobs:
+        hp = normal(params, optimizer, hp)
+        runs.append(train_run(params, optimizer, size, hp, s, out_dir / run_name(hp, s, b, k), shards,
+                              stage and f"{stage} {run_name(hp, s, b, k)}", budget=b, batch=k))
+    return {"optimizer": optimizer, "size": size, "best_lr": sweep["best_lr"], "best_hp": best, "runs": runs}
 
 
-CURVE_COLUMNS = ("optimizer", "size", "seed", "lr", "tokens", "val_loss")
+CURVE_COLUMNS = ("optimizer", "size", "seed", "lr", "budget", "batch", "run", "tokens", "val_loss")
+
+
+def _name(r: dict) -> str:
+    return run_name(r["hp"], r["seed"], r["budget"], r["batch"])
 
 
 def curve_rows(runs: list[dict]) -> list[tuple]:
-    return [(r["optimizer"], r["size"], r["seed"], r["lr"], t, v) for r in runs for t, v in r["curve"]]
+    return [(r["optimizer"], r["size"], r["seed"], r["lr"], r["budget"], r["batch"], _name(r), t, v)
+            for r in runs for t, v in r["curve"]]
 
 
 def cell_metrics(cell: dict) -> dict:
     """The cell's JSON for DVC metrics: its summary and each run without its curve (the curves go to the CSV)."""
     return {**{k: v for k, v in cell.items() if k != "runs"},
-            "runs": {f"lr{lr_key(r['lr'])}-s{r['seed']}": {k: v for k, v in r.items() if k != "curve"}
-                     for r in cell["runs"]}}
+            "runs": {_name(r): {k: v for k, v in r.items() if k != "curve"} for r in cell["runs"]}}

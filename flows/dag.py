@@ -1,0 +1,43 @@
+"""The DVC pipeline as the flow sees it (flows/pipeline.py): DVC's stage graph, the stages a target selects (as
+`dvc repro` would), and what `dvc status` reports changed."""
+
+from pathlib import Path
+
+import networkx as nx
+from dvc.repo import Repo
+from dvc.stage import PipelineStage
+
+
+def stage_graph(root: Path) -> nx.DiGraph:
+    """DVC's pipeline stages by address (`name`, `name@cell`), edges from a stage to the stages it needs, `outs`."""
+    with Repo(str(root)) as repo:
+        stages = [s for s in repo.index.stages if isinstance(s, PipelineStage)]
+        graph = repo.index.graph.subgraph(stages)
+        named = nx.relabel_nodes(graph, {s: s.addressing for s in stages})
+        for s in stages:
+            named.nodes[s.addressing]["outs"] = [Path(o.fs_path) for o in s.outs]
+    return named
+
+
+def select(graph: nx.DiGraph, targets: list[str] | None = None, downstream: bool = False) -> list[str]:
+    """The stages to run in dependency order. As `dvc repro`: a target brings the stages it needs, or with
+    `downstream` the stages that need it; a matrix stage's name selects all its cells."""
+    chosen = set(graph)
+    if targets:
+        chosen = set()
+        for target in targets:
+            cells = [s for s in graph if target in (s, s.split("@")[0])]
+            if not cells:
+                raise ValueError(f"unknown stage {target!r}; known: {', '.join(sorted(graph))}")
+            for cell in cells:
+                chosen |= {cell} | (nx.ancestors(graph, cell) if downstream else nx.descendants(graph, cell))
+    return [s for s in nx.lexicographical_topological_sort(graph.reverse()) if s in chosen]
+
+
+def changed_stages(root: Path) -> set[str] | None:
+    """The stages `dvc status` reports changed; None when it cannot tell (then every stage goes through DVC)."""
+    try:
+        with Repo(str(root)) as repo:
+            return set(repo.status())
+    except Exception:
+        return None

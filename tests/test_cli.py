@@ -1,0 +1,108 @@
+"""The `scalelab` console script (issue 20, item 6): its commands, their help, a bad params file as one line and exit
+2, the params check before the flow starts, and push/pull delegated to the remote module when there is one."""
+
+import subprocess
+import sys
+import tomllib
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import MICRO, ROOT
+from mutants import mutant, mutation_checks
+
+from scalelab.pipeline import cli
+
+COMMANDS = ["repro", "check", "ui", "report", "profile", "push", "pull"]
+
+
+def test_the_console_script_is_the_cli_and_its_help_lists_every_command():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, func = scripts["scalelab"].split(":")
+    assert (module, func) == ("scalelab.pipeline.cli", "main")
+    res = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    listed = res.stdout.split("commands:")[1]
+    for command in COMMANDS:
+        assert f"\n    {command} " in listed, (command, res.stdout)
+    assert set(cli.COMMANDS) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_from_its_docstring(command, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # `ui` hands its parser sys.argv
+    with pytest.raises(SystemExit) as done:
+        code = cli.main([command, "--help"])
+        raise SystemExit(code)
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "usage:" in out, out
+    if command in ("repro", "report"):  # the others hand their arguments to their modules, whose help is theirs
+        first = " ".join(cli.COMMANDS[command].__doc__.split()[:4])
+        assert first in " ".join(out.split()), out
+
+
+def _project(tmp_path: Path, params: str) -> Path:
+    """A project folder: dvc.yaml, params.yaml, the corpus folder it names, and a flows/pipeline.py that records its
+    arguments instead of running anything."""
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "params.yaml").write_text(params)
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "pipeline.py").write_text(
+        "import sys; from pathlib import Path; Path('flow_started').write_text(' '.join(sys.argv[1:]))\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("bad", ["typo", "machine-inline"])
+def test_check_on_a_bad_params_file_exits_2_with_one_line(tmp_path, bad):
+    raw = yaml.safe_load(MICRO.read_text())
+    if bad == "typo":
+        raw["pretrain"]["max_step"] = 3
+    else:
+        raw["pretrain"]["threads"] = 2
+    root = _project(tmp_path, yaml.safe_dump(raw))
+    res = subprocess.run([sys.executable, "-m", "scalelab.pipeline.cli", "check"], cwd=root, capture_output=True,
+                         text=True, timeout=120, env={**__import__("os").environ, "SCALELAB_ROOT": str(root)})
+    err = res.stderr.strip()
+    assert res.returncode == 2 and len(err.splitlines()) == 1, (res.returncode, err)
+    assert ("pretrain.max_step: unknown key" if bad == "typo" else "pretrain.threads") in err, err
+
+
+def test_repro_checks_params_before_it_starts_the_flow(tmp_path, monkeypatch):
+    """A bad params file: exit 2, the flow never started (DVC would delete outs before a stage refuses); a good one:
+    the flow starts with the options passed on."""
+    monkeypatch.chdir(_project(tmp_path, MICRO.read_text().replace("seed: 0", "seed: 0\nseeed: 1", 1)))
+    monkeypatch.setenv("SCALELAB_ROOT", str(tmp_path))
+    assert cli.main(["repro", "--workers", "2"]) == 2
+    assert not (tmp_path / "flow_started").exists()
+    (tmp_path / "params.yaml").write_text(MICRO.read_text())
+    assert cli.main(["repro", "--workers", "2", "--target", "prepare"]) == 0
+    assert (tmp_path / "flow_started").read_text() == "--target=prepare --workers=2"
+
+
+def test_push_and_pull_call_the_remote_module_or_say_it_is_missing(monkeypatch, capsys):
+    for name in cli.REMOTE_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(cli, "REMOTE_MODULES", ("scalelab_test_no_such_remote",))
+    assert cli.main(["push"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not available" in err and "dvc push" in err, err
+    calls = []
+    fake = types.ModuleType("scalelab_test_remote")
+    fake.main = lambda argv: calls.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "scalelab_test_remote", fake)
+    monkeypatch.setattr(cli, "REMOTE_MODULES", ("scalelab_test_no_such_remote", "scalelab_test_remote"))
+    assert cli.main(["pull", "-r", "team"]) == 0 and cli.main(["push"]) == 0
+    assert calls == [["pull", "-r", "team"], ["push"]]
+
+
+@mutant("cli-repro-without-check")
+def _(monkeypatch):
+    run = cli._run
+    monkeypatch.setattr(cli, "_run", lambda cmd, cwd, env: 0 if "scalelab.pipeline.check" in cmd else run(cmd, cwd, env))
+
+
+test_the_cli_tests_are_caught = mutation_checks([
+    ("cli-repro-without-check", "tests/test_cli.py::test_repro_checks_params_before_it_starts_the_flow"),
+])
