@@ -73,12 +73,12 @@ profile: setup
 # Results through the DVC remote (default: .dvc/config's `local`, ~/.cache/scalelab/dvc-remote; R=NAME picks another)
 .PHONY: push pull team-server
 push: setup
-	$(BIN)/python -m scalelab.remote push $(if $(R),-r $(R))
+	$(BIN)/python -m scalelab.pipeline.remote push $(if $(R),-r $(R))
 
 pull: setup
-	$(BIN)/python -m scalelab.remote pull $(if $(R),-r $(R))
+	$(BIN)/python -m scalelab.pipeline.remote pull $(if $(R),-r $(R))
 
 # The team MLflow server on this machine: PostgreSQL + `mlflow server --serve-artifacts` on 127.0.0.1:5000 (Ctrl-C
 # stops both); then `make repro MLFLOW_TRACKING_URI=http://127.0.0.1:5000` logs there.
 team-server: setup
-	$(BIN)/python -m scalelab.teamserver
+	$(BIN)/python -m scalelab.tracking.teamserver

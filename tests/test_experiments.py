@@ -99,8 +99,6 @@ def test_every_experiment_logs_to_the_project_store(experiments):
         assert val_loss == pytest.approx(by_steps[steps].data.metrics["val/loss"], rel=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the call sites in scalelab/tracking (the lead's): "
-                   "`tags |= scalelab.experiment_tags()` in stage_run and _repro_parent; then drop this mark")
 def test_experiment_runs_are_tagged_with_name_and_baseline(experiments):
     ws, _, baseline = experiments
     _, runs = _cell_runs(ws)

@@ -1,5 +1,5 @@
 """Results travel (issue 20, item 2): a micro build (the data stages and one pretrain cell) pushed by
-`python -m scalelab.remote push` to the default remote (.dvc/config: a folder under ~, here a throwaway HOME) and to a
+`python -m scalelab.pipeline.remote push` to the default remote (.dvc/config: a folder under ~, here a throwaway HOME) and to a
 real network remote, DVC over SSH to Debian's sshd on 127.0.0.1 with throwaway keys; a fresh `git clone` pulls it,
 gets the same bytes and recomputes nothing; the cell's MLflow logged model names its remote location. Without sshd
 the SSH case skips on a developer's machine and fails under CI (CI=true, .ci/run)."""
@@ -22,12 +22,13 @@ from mlflow import MlflowClient
 from mutants import mutant, mutation_checks
 from workspace import workspace_copy
 
-from scalelab import remote, teamserver
+from scalelab.pipeline import remote
+from scalelab.tracking import teamserver
 from scalelab.tracking import dashboard
 
 pytestmark = pytest.mark.slow
 DVC = [sys.executable, "-m", "dvc"]
-REMOTE = [sys.executable, "-m", "scalelab.remote"]
+REMOTE = [sys.executable, "-m", "scalelab.pipeline.remote"]
 TARGETS = ["validate", "prepare", "tokenizer", "tokenize", "pretrain@standard-a-0"]
 MODEL = "data/pretrain/standard-a-base-0/model/hf"
 
@@ -116,7 +117,7 @@ def _linked_url(ws, env) -> str:
 
 
 def test_the_default_remote_round_trip(built, tmp_path, monkeypatch):
-    """Through the functions the CLI wraps (scalelab.remote.push/pull), in this process, from the project root as
+    """Through the functions the CLI wraps (scalelab.pipeline.remote.push/pull), in this process, from the project root as
     the CLI runs (logged models name their folders relative to it)."""
     ws, env = built
     for key in ("HOME", "MLFLOW_TRACKING_URI", "PATH"):
@@ -198,7 +199,7 @@ def test_no_remote_is_one_line_before_any_transfer(built):
     ws, env = built
     res = subprocess.run(REMOTE + ["push", "-r", "nowhere"], cwd=ws, env=env, capture_output=True, text=True)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
-    assert res.stderr.startswith("scalelab.remote: no DVC remote named 'nowhere' (have: local")
+    assert res.stderr.startswith("scalelab.pipeline.remote: no DVC remote named 'nowhere' (have: local")
 
 
 @mutant("remote-link-skipped")

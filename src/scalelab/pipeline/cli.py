@@ -25,7 +25,7 @@ from pathlib import Path
 
 EXIT_USAGE = 2  # no command, as argparse exits on a bad one
 
-REMOTE_MODULES = ("scalelab.remote", "scalelab.pipeline.remote", "scalelab.tracking.remote")
+REMOTE_MODULES = ("scalelab.pipeline.remote",)
 
 
 def _root() -> Path:
@@ -132,7 +132,7 @@ def profile(argv: list[str]) -> int:
 
 
 def _remote(command: str, argv: list[str]) -> int:
-    for name in REMOTE_MODULES:  # where the remote module lives (it may move between packages)
+    for name in REMOTE_MODULES:  # an install without the remote module (a trimmed package) says so in one line
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as err:

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from scalelab import project_root
+from scalelab import store_root
 
 OWNER_TAG = "scalelab.owner"
 
@@ -74,13 +74,13 @@ def owner_gone(tag: str) -> bool:
 
 
 def _journal() -> Path:
-    return project_root() / ".cache" / "scalelab" / "mlflow-pending.jsonl"
+    return store_root() / ".cache" / "scalelab" / "mlflow-pending.jsonl"  # the store's, not a copy's
 
 
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
     """This host's lock on reopening and closing runs (the rule above): held by `claim` and the sweep's closes."""
-    path = project_root() / ".cache" / "scalelab" / "runs.lock"
+    path = store_root() / ".cache" / "scalelab" / "runs.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)  # released when f closes

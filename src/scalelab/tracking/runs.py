@@ -23,8 +23,10 @@ from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
+from scalelab import experiment_tags
 from scalelab.tracking import dashboard, orphans
-from scalelab.tracking.store import (FLOW_RUN_ENV, MAX_KEY, MAX_PARAM, MAX_TAG, PARENT_ENV, RUN_ENV, _connect, _number, _repro_parent, deps_hash, flatten, git_commit, public_uri, run_url, tracking_uri)
+from scalelab.tracking.store import (FLOW_RUN_ENV, MAX_KEY, MAX_PARAM, MAX_TAG, PARENT_ENV, RUN_ENV, _connect, _number,
+                                     _repro_parent, deps_hash, flatten, git_commit, public_uri, run_url, tracking_uri)
 
 
 class StageRun:
@@ -229,6 +231,7 @@ def stage_run(
     try:
         tags = {"dvc.stage": os.environ.get("DVC_STAGE", stage), "scalelab.deps_hash": deps_hash(params, deps)}
         tags |= {"git.commit": git_commit(), "mlflow.source.git.commit": git_commit(), **dashboard.source_tags()}
+        tags |= experiment_tags()  # the DVC experiment this stage runs in (`dvc exp run`), if any
         if flow_run_id := os.environ.get(FLOW_RUN_ENV):
             tags["prefect.flow_run_id"] = flow_run_id
         run._open(stage, tags, run_id, nested=True)

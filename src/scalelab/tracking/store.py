@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from mlflow import MlflowClient
 
-from scalelab import project_root
+from scalelab import experiment_tags, project_root, store_root
 from scalelab.tracking import dashboard, orphans
 
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -37,7 +37,7 @@ MAX_KEY, MAX_PARAM, MAX_TAG = 250, 6000, 8000  # MLflow's length limits
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store_root() / 'mlflow.db'}"
 
 
 def public_uri() -> str:
@@ -160,5 +160,6 @@ def _repro_parent(client: MlflowClient, experiment_id: str, create: bool) -> str
     if not create:
         return None
     tags = {"scalelab.pipeline_key": key, "git.commit": git_commit(), **dashboard.source_tags("dvc.yaml"),
+            **experiment_tags(),
             orphans.OWNER_TAG: orphans.owner()}  # owned from its first write: never RUNNING without an owner
     return client.create_run(experiment_id, run_name=f"dvc repro {git_commit()[:8]}", tags=tags).info.run_id

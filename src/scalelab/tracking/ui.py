@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 import scalelab  # noqa: F401  offline, telemetry-free defaults before the servers inherit the environment
-from scalelab import project_root
+from scalelab import store_root
 
 HOST = "127.0.0.1"
 
@@ -44,8 +44,8 @@ def servers(mlflow_port: int = 5000, prefect_port: int = 4200, *, env: dict[str,
     """Start both servers, wait until they answer, yield their base URLs; stop them on exit."""
     env = {**os.environ, **(env or {}), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "true",
            "PREFECT_UI_API_URL": f"http://{HOST}:{prefect_port}/api"}  # the UI's calls follow the port
-    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{project_root() / 'mlflow.db'}")
-    env.setdefault("PREFECT_HOME", str(project_root() / ".prefect"))
+    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{store_root() / 'mlflow.db'}")
+    env.setdefault("PREFECT_HOME", str(store_root() / ".prefect"))
     bin_dir = Path(sys.executable).parent
     commands = {
         "mlflow": [str(bin_dir / "mlflow"), "server", "--host", HOST, "--port", str(mlflow_port),

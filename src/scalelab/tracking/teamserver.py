@@ -2,7 +2,7 @@
 `mlflow server --serve-artifacts`, both on 127.0.0.1. Clients send artifacts through the server (`mlflow-artifacts:`
 URIs), so nobody needs the artifact folder's filesystem; the runs are rows in PostgreSQL, safe under many writers.
 
-    python -m scalelab.teamserver [--dir .cache/scalelab/team-server] [--port 5000]
+    python -m scalelab.tracking.teamserver [--dir .cache/scalelab/team-server] [--port 5000]
     export MLFLOW_TRACKING_URI=http://127.0.0.1:5000   # then `make repro`, the flow or `dvc repro` log there
 
 The folder keeps the database cluster (postgres/), its generated password (0600) and the artifacts, across restarts.
@@ -175,7 +175,7 @@ def team_server(folder: str | os.PathLike, port: int | None = None, pg_port: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scalelab.teamserver", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m scalelab.tracking.teamserver", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=".cache/scalelab/team-server", help="database, password and artifacts")
     ap.add_argument("--port", type=int, default=5000, help="the MLflow server's port (default 5000)")
     ap.add_argument("--pg-port", type=int, help="PostgreSQL's port (default: a free one)")
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 while True:
                     time.sleep(3600)
     except TeamServerError as err:
-        print(f"scalelab.teamserver: {err}", file=sys.stderr)
+        print(f"scalelab.tracking.teamserver: {err}", file=sys.stderr)
         return 1
     return 0
 

@@ -12,9 +12,9 @@ DVC stores an out by content (`<remote>/files/md5/<2 hex>/<rest>`; a folder as i
 of a model folder follows from its hash in dvc.lock. After a push, each MLflow logged model of a pushed folder is
 tagged with that location (`scalelab.dvc_url`, and `scalelab.dvc_remote`): a colleague finds the weights from the run.
 
-    python -m scalelab.remote push [-r REMOTE] [-j JOBS] [TARGET ...]
-    python -m scalelab.remote pull [-r REMOTE] [-j JOBS] [TARGET ...]
-    python -m scalelab.remote url PATH [-r REMOTE]
+    python -m scalelab.pipeline.remote push [-r REMOTE] [-j JOBS] [TARGET ...]
+    python -m scalelab.pipeline.remote pull [-r REMOTE] [-j JOBS] [TARGET ...]
+    python -m scalelab.pipeline.remote url PATH [-r REMOTE]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def remote_of(root: Path | None = None, remote: str | None = None) -> tuple[str,
         config = repo.config
         name = remote or config["core"].get("remote")
         if not name:
-            raise RemoteError("no DVC remote: add one with `dvc remote add -d NAME URL` (see scalelab.remote)")
+            raise RemoteError("no DVC remote: add one with `dvc remote add -d NAME URL` (see scalelab.pipeline.remote)")
         if name not in config["remote"]:
             raise RemoteError(f"no DVC remote named {name!r} (have: {', '.join(sorted(config['remote'])) or 'none'})")
         return name, str(config["remote"][name]["url"]).rstrip("/")
@@ -139,7 +139,7 @@ def pull(targets: Sequence[str] = (), remote: str | None = None, jobs: int | Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalelab.remote", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scalelab.pipeline.remote", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for command, fn in (("push", push), ("pull", pull)):
         p = sub.add_parser(command, help=fn.__doc__.split(";")[0])
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         return (push if args.command == "push" else pull)(args.targets, args.remote, args.jobs)
     except RemoteError as err:
-        print(f"scalelab.remote: {err}", file=sys.stderr)
+        print(f"scalelab.pipeline.remote: {err}", file=sys.stderr)
         return 2
 
 
