@@ -404,3 +404,28 @@ def _(monkeypatch):  # the old way: MLflow migrates the new store at its final p
 def test_the_killed_store_creation_test_catches_an_in_place_store():
     assert_caught("tests/test_tracking.py::test_a_process_killed_while_creating_the_store_leaves_none_or_a_whole_one",
                   "store-created-in-place")
+
+
+def test_a_dataset_row_created_meanwhile_by_another_cell_is_retried_once():
+    """Two cells reading the same shards both insert the dataset row; the loser's UNIQUE failure (found by the Dask
+    runner test: it turned tracking off for that cell, whose run then never ended) is retried once, anything else
+    raises as before."""
+    from mlflow.exceptions import MlflowException
+
+    from scalelab.tracking import dashboard
+
+    class Client:
+        def __init__(self, errors):
+            self.errors, self.calls = list(errors), 0
+
+        def log_inputs(self, run_id, datasets=None, models=None):
+            self.calls += 1
+            if self.errors:
+                raise self.errors.pop(0)
+
+    raced = Client([MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.name")])
+    dashboard.log_inputs(raced, "r", [], None)
+    assert raced.calls == 2
+    for errors in ([MlflowException("UNIQUE constraint failed")] * 2, [MlflowException("database is locked")]):
+        with pytest.raises(MlflowException):
+            dashboard.log_inputs(Client(errors), "r", [], None)

@@ -107,8 +107,8 @@ class StageRun:
     def log_inputs(self, datasets: Sequence[Any] = (), models: Sequence[str] = ()) -> None:
         """Datasets (mlflow DatasetInput) and logged models (ids) this run read: the Dataset and Model columns."""
         if self.run_id and (datasets or models):
-            self._call("log_inputs", self.run_id, datasets=list(datasets) or None,
-                       models=[LoggedModelInput(m) for m in models] or None)
+            self._call(dashboard.log_inputs, self.run_id, list(datasets) or None,
+                       [LoggedModelInput(m) for m in models] or None)
 
     def log_model(self, path: str | os.PathLike, name: str | None = None, tags: Mapping[str, str] | None = None
                   ) -> str | None:

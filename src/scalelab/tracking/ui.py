@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-import scalelab  # noqa: F401  offline, telemetry-free defaults before the servers inherit the environment
+import scalelab  # noqa: F401  (offline, telemetry-free defaults before the servers inherit the environment)
 from scalelab import store_root
 
 HOST = "127.0.0.1"
