@@ -583,6 +583,9 @@ def test_the_leak_check_finds_a_reparented_process_by_its_mark_and_kills_it(tmp_
     pid = _detached_sleep(tmp_path)
     try:
         assert Path(f"/proc/{pid}").exists() and os.getppid() != pid
+        deadline = time.monotonic() + 10  # its environ reads empty until its exec is done (CI run 3)
+        while pid not in conftest.marked_processes() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert pid in conftest.marked_processes() and "sleep 300" in conftest.marked_processes()[pid]
         assert os.getpid() not in conftest.marked_processes()  # the test process itself is not a leftover
         left = conftest.kill_leftovers(grace=0.5)

@@ -153,6 +153,8 @@ def test_the_stage_logs_the_report_to_the_parent_run(outs, monkeypatch):
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(root)
     monkeypatch.setenv("SCALELAB_ROOT", str(root))
+    # this test's own store, named for the stage and the client alike (not whatever an earlier test left set)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
     spec = importlib.util.spec_from_file_location("report_stage", ROOT / "stages/report.py")
     stage = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stage)
