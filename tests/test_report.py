@@ -162,7 +162,9 @@ def test_the_stage_logs_the_report_to_the_parent_run(outs, monkeypatch):
 
     stage.main(load_params("params.yaml"))
     run_id = json.loads((root / "data/report/mlflow_run.json").read_text())["run_id"]
-    client = MlflowClient()
+    # by URI: a bare MlflowClient() resolves it through MLflow's process-wide state, which an earlier test in this
+    # worker can leave changed (CI runs 3 and 4 found the run missing from the store it named)
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     parent = client.get_run(run_id).data.tags["mlflow.parentRunId"]
     logged = {a.path for a in client.list_artifacts(parent, "report")}
     assert {"report/report.md", "report/report.html"} <= logged
