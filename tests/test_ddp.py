@@ -2,6 +2,7 @@
 process on the same global batch: each rank takes rows r::2 and DDP averages the gradients."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from scalelab.config import parse_params
+from scalelab.tracking.teamserver import free_port
 from scalelab.train import Cell, fit
 from test_train import make_shards, micro_raw
 
@@ -25,7 +27,10 @@ def test_two_cpu_processes_match_one(tmp_path):
     (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(raw))
     cmd = [sys.executable, "-m", "scalelab.train.fit", "--params", str(tmp_path / "ddp.yaml"), "--variant", "unified",
            "--size", "a", "--recipe", "base", "--seed", "0", "--out", str(tmp_path / "two"), "--shards", str(shards)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    # the rendezvous port below the ephemeral range: Lightning's own pick (port 0) was taken by another test's
+    # connection before rank 0 bound it (EADDRINUSE in CI)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     two = json.loads(res.stdout.strip().splitlines()[-1])  # rank 0's metrics, the last line it prints
     assert two["steps"] == one["steps"] == 8

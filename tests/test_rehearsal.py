@@ -15,7 +15,6 @@ import importlib
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import yaml
 from mutants import mutant, mutation_checks
 
 from scalelab.config import parse_params
+from scalelab.tracking.teamserver import free_port
 
 pytestmark = pytest.mark.rehearsal
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,10 +155,7 @@ def test_pretrain_preset_runs_as_ddp_on_two_gloo_processes(tmp_path, shards):
     cmd = [sys.executable, "-m", "scalelab.train.fit", "--params", str(tmp_path / "ddp.yaml"), "--variant",
            cell.variant, "--size", cell.size, "--recipe", cell.recipe, "--seed", "0", "--out", str(tmp_path / "two"),
            "--shards", str(shards)]
-    with socket.socket() as s:  # the rendezvous port, chosen by binding port 0 (not Lightning's guess, which collided)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # as test_ddp
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=860, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     two = json.loads(res.stdout.strip().splitlines()[-1])

@@ -89,7 +89,7 @@ def test_signals_reach_the_stage_and_a_killed_client_ends_it(tmp_path, served):
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
+    except OSError:  # gone: no file, or (ProcessLookupError) reaped between the open and the read
         return False
 
 

@@ -22,7 +22,13 @@ def native_threads() -> set[str]:
     import threading
 
     me = str(threading.get_native_id())
-    return {Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task") if t != me}
+    names = set()
+    for t in set(os.listdir("/proc/self/task")) - {me}:
+        try:
+            names.add(Path(f"/proc/self/task/{t}/comm").read_text().strip())
+        except OSError:  # the thread ended between the listing and the read
+            pass
+    return names
 
 
 def imported_files(root: Path) -> dict[str, bytes]:

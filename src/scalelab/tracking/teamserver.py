@@ -16,6 +16,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import random
 import signal
 import socket
 import subprocess
@@ -42,10 +43,26 @@ class TeamServer:
 
 
 def free_port(host: str = HOST) -> int:
-    """A port the kernel says is free now (bind to 0)."""
-    with socket.socket() as s:
+    """A port free now, below the kernel's ephemeral range: port 0 would hand out an ephemeral port, which any
+    outgoing connection may take between this check and the server's bind (seen as EADDRINUSE in CI)."""
+    low = _ephemeral_low()
+    for port in random.Random().sample(range(max(1024, low - 12000), low), 64):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # all 64 taken: the kernel's choice
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: IANA's range starts at 49152
+        return 49152
 
 
 def pg_bin(name: str) -> str:
