@@ -46,7 +46,8 @@ def main(params: Params) -> None:
         layer_table = summary.layers_table({key: recs for key, recs in layers.items() if key[0] in own})
         by_method = summary.by_method(table)
         dense = table["ppl_dense"].mean()
-        entries = [claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"], cfg.claims_level)
+        entries = [claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"], cfg.claims_level,
+                                s.get("unusable"))
                    for s in summary.claim_specs(table, layer_table, cfg)]
         with atomic_dir(out) as tmp:
             table.write_csv(tmp / "cells.csv")

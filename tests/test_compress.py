@@ -634,7 +634,9 @@ def test_summary_claims_follow_the_measured_differences(tmp_path):
             # a method's loss falls with its erank ratio: the claimed correlation, exactly
             ratio = [1.0 if method == "svd" else (0.5 + value - 4) * (1 - 0.1 * i) for i in range(4)]
             layers[method, 0.5, seed] = [{"name": f"l{i}", "rank": 3, "loss": r * (i + 1), "loss_rel_svd_llm": 1.0,
-                                          "erank_before": 10.0, "erank_after": 10.0 * r, "seconds": 0.1}
+                                          "erank_before": 10.0, "erank_after": 10.0 * r, "seconds": 0.1,
+                                          **({"steps": 300, "stop": "plateau", "best_over_init": 0.5}
+                                             if method == "sigmascale" else {})}
                                          for i, r in enumerate(ratio)]
     cfg = CompressConfig.model_validate({"methods": {m: {"kind": "svd_llm" if m == "svd_llm_e2e" else m,
                                                          **({"refine": "blocks"} if m == "svd_llm_e2e" else {})}
@@ -643,8 +645,12 @@ def test_summary_claims_follow_the_measured_differences(tmp_path):
     assert summary.distinct(cfg) == set(nll) - {"svd_llm_e2e"}  # a refined variant repeats its base's layers
     table = summary.cells_table(cells)
     layer_table = summary.layers_table({k: v for k, v in layers.items() if k[0] in summary.distinct(cfg)})
-    entries = {s["id"]: claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"])
-               for s in summary.claim_specs(table, layer_table, cfg)}
+    def ledger(layer_table):
+        return {s["id"]: claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"],
+                                      unusable=s.get("unusable"))
+                for s in summary.claim_specs(table, layer_table, cfg)}
+
+    entries = ledger(layer_table)
     assert entries["d.order.svd_llm.sigmascale@0.5"]["effect"] == pytest.approx(0.1, abs=0.005)
     beyond = entries.pop("d.beyond.svd_llm_e2e.svd_llm@0.5")
     assert beyond["effect"] == pytest.approx(-0.05, abs=0.005) and beyond["verdict"] == "contradicted"  # worse than SVD-LLM
@@ -653,6 +659,17 @@ def test_summary_claims_follow_the_measured_differences(tmp_path):
         erank = entries.pop(key)
         assert erank["effect"] == pytest.approx(1.0) and erank["verdict"] == "inconclusive (no seed variance)", erank
     assert len(entries) == 5 and all(e["verdict"] == "reproduced" for e in entries.values()), entries
+    # the same numbers from a SigmaScale stopped by its cap on 2 of 4 maps per seed: its claims cannot decide
+    for (method, _, _), recs in layers.items():
+        for rec in recs[:2] if method == "sigmascale" else ():
+            rec.update(steps=20, stop="cap")
+    capped = ledger(summary.layers_table({k: v for k, v in layers.items() if k[0] in summary.distinct(cfg)}))
+    for key, entry in capped.items():
+        if "sigmascale" in key:
+            assert entry["verdict"] == "inconclusive (sigmascale unconverged: 6 of 12 maps stopped by the step cap)"
+            assert entry["effect"] == pytest.approx(ledger(layer_table)[key]["effect"])
+        else:
+            assert entry["verdict"] == ledger(layer_table)[key]["verdict"], key
     summary.plot_ppl(summary.by_method(table), 50.0, tmp_path / "ppl.png")
     assert summary.plot_erank(layer_table, tmp_path / "erank.png") == pytest.approx(1.0)
     assert (tmp_path / "ppl.png").stat().st_size > 0 and (tmp_path / "erank.png").stat().st_size > 0

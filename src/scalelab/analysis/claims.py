@@ -72,15 +72,19 @@ def rule_text(level: float = 0.95) -> str:
             "over seeds (zero spread: a degenerate t interval) inconclusive")
 
 
-def claim(id: str, text: str, metric: str, diffs: Sequence[float], published: str, level: float = 0.95) -> dict:
+def claim(id: str, text: str, metric: str, diffs: Sequence[float], published: str, level: float = 0.95,
+          unusable: str | None = None) -> dict:
     """One ledger entry. `effect` is the mean paired difference, `spread` the half-width of its t interval
-    (None for one seed: a single seed has no spread, it is never reported as 0)."""
+    (None for one seed: a single seed has no spread, it is never reported as 0). `unusable`: why the experiment
+    could not show the claim whatever its numbers (e.g. a method stopped before it converged): then inconclusive,
+    with that reason, and the numbers still reported."""
     clean = [float(d) for d in diffs if d is not None and math.isfinite(d)]
     interval = t_interval(clean, level)
     effect = statistics.fmean(clean) if clean else None
     spread = (interval[2] - interval[0]) if interval else None
+    decision = f"{INCONCLUSIVE} ({unusable})" if unusable else verdict(clean, level)
     return {"id": id, "claim": text, "metric": metric, "effect": effect, "spread": spread, "n_seeds": len(clean),
-            "verdict": verdict(clean, level), "rule": rule_text(level), "published": published}
+            "verdict": decision, "rule": rule_text(level), "published": published}
 
 
 def interval_claim(id: str, text: str, metric: str, effect: float | None, interval: tuple[float, float] | None,

@@ -31,6 +31,7 @@ ORDERING = [
     ("asvd", "svd", "ASVD < plain SVD in perplexity"),
     ("fwsvd", "svd", "FWSVD < plain SVD in perplexity"),
 ]
+UNCONVERGED_MAX = 0.1  # the share of a SigmaScale cell set's maps that may stop by the cap before it cannot decide
 
 
 def distinct(cfg: CompressConfig) -> set[str]:
@@ -95,16 +96,32 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
 
+def unconverged(layers: pl.DataFrame, method: str, keep: float) -> str | None:
+    """Why `method`'s cells at `keep` cannot speak for SigmaScale: more than UNCONVERGED_MAX of its maps stopped by
+    the step cap (the objective still falling: the method as published was not run); None if converged or no
+    SigmaScale maps."""
+    if "stop" not in layers.columns:
+        return None
+    rows = layers.filter((pl.col("method") == method) & (pl.col("keep") == keep) & pl.col("stop").is_not_null())
+    capped = int((rows["stop"] == "cap").sum())
+    if rows.is_empty() or capped <= UNCONVERGED_MAX * rows.height:
+        return None
+    return f"{method} unconverged: {capped} of {rows.height} maps stopped by the step cap"
+
+
 def claim_specs(table: pl.DataFrame, layers: pl.DataFrame, cfg: CompressConfig) -> list[dict]:
-    """Arguments of `scalelab.analysis.claims.claim` for every claim the grid can speak to."""
+    """Arguments of `scalelab.analysis.claims.claim` for every claim the grid can speak to; a claim on a SigmaScale
+    that stopped by its cap carries the reason it cannot decide (`unusable`)."""
     present = set(table["method"].to_list())
     specs = []
     for keep in sorted(set(table["keep"].to_list()), reverse=True):
         for better, worse, text in ORDERING:
             if better in present and worse in present:
+                reasons = [r for m in (better, worse) if (r := unconverged(layers, m, keep))]
                 specs.append({"id": f"d.order.{better}.{worse}@{keep:g}", "text": f"{text} at kept fraction {keep:g}",
                               "metric": f"val NLL({worse}) − val NLL({better}), nats",
-                              "diffs": _paired(table, worse, better, keep), "published": PUBLISHED})
+                              "diffs": _paired(table, worse, better, keep), "published": PUBLISHED,
+                              "unusable": "; ".join(reasons) or None})
         for name in sorted(present):
             m = cfg.methods.get(name)
             if name != "svd_llm" and "svd_llm" in present and m is not None and (m.init != "random" or
@@ -113,7 +130,8 @@ def claim_specs(table: pl.DataFrame, layers: pl.DataFrame, cfg: CompressConfig) 
                               "text": f"{name} (beyond the paper) beats SVD-LLM at kept fraction {keep:g}",
                               "metric": f"val NLL(svd_llm) − val NLL({name}), nats",
                               "diffs": _paired(table, "svd_llm", name, keep),
-                              "published": "none (beyond the paper; SVD-LLM is the layer-wise optimum)"})
+                              "published": "none (beyond the paper; SVD-LLM is the layer-wise optimum)",
+                              "unusable": unconverged(layers, name, keep)})
     if "loss_rel_svd" in layers.columns:
         # pooled over every method that scales, and within SigmaScale's own learned scalings (the paper's claim)
         for suffix, methods, over in (("", None, "layers, methods and kept fractions"),
@@ -132,7 +150,10 @@ def claim_specs(table: pl.DataFrame, layers: pl.DataFrame, cfg: CompressConfig) 
                           "metric": f"Spearman ρ(erank_after/erank_before, layer loss / plain SVD's) over {over}",
                           "diffs": [d for d in diffs if d is not None],
                           "published": "SigmaScale: scaling concentrates the spectrum (lower erank), lowering "
-                                       "truncation loss (qualitative)"})
+                                       "truncation loss (qualitative)",
+                          "unusable": None if methods is None else "; ".join(
+                              r for k in sorted(set(layers["keep"].to_list()))
+                              if (r := unconverged(layers, methods, k))) or None})
     return specs
 
 
