@@ -37,3 +37,18 @@ def test_two_cpu_processes_match_one(tmp_path):
     for key in ("val_loss", "train_loss", "gamma_mean", "sharpness"):  # not bitwise: all-reduce order differs
         assert two[key] == pytest.approx(one[key], rel=1e-5), key
     assert json.loads((tmp_path / "two/model/metrics.json").read_text())["val_loss"] == two["val_loss"]
+
+
+def test_an_in_process_ddp_fit_leaves_no_rank_variables(tmp_path, monkeypatch):
+    """Lightning's DDP setup writes LOCAL_RANK, NODE_RANK and the rendezvous into its own process's environment.
+    Left there, the next DDP launch from this process (or any child it starts, as the preset rehearsal's CLI run
+    after an in-process fit) believes its ranks were started externally and waits for ranks nobody starts."""
+    from scalelab.runtime.placement import LAUNCH_VARS
+
+    for key in LAUNCH_VARS:
+        monkeypatch.delenv(key, raising=False)
+    raw = micro_raw(max_steps=2, val_every=2, ckpt_every=2, gamma_every=2)
+    raw["pretrain"].update(accelerator="cpu", devices=1, strategy="ddp")
+    metrics = fit(parse_params(raw), Cell("unified", "a", "base", 0), tmp_path / "one", make_shards(tmp_path / "t"))
+    assert metrics["steps"] == 2
+    assert {k: os.environ[k] for k in LAUNCH_VARS if k in os.environ} == {}

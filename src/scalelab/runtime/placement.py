@@ -111,3 +111,24 @@ def share() -> Iterator[dict[str, str]]:
         yield env
     finally:
         pool.put(env)
+
+
+# What Lightning's DDP setup writes into its own process's environment (the rendezvous and the ranks). Left behind
+# by an in-process fit, LOCAL_RANK tells the next launch in this process, and every child it starts, that the ranks
+# were created externally: Lightning then starts no other rank and rank 0 waits for them forever.
+LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE")
+
+
+@contextlib.contextmanager
+def launch_scope() -> Iterator[None]:
+    """Around a Lightning fit: the launch variables as they were before it, once it returns or raises (those a
+    launcher such as torchrun set for this process are kept, they were there before)."""
+    before = {k: os.environ.get(k) for k in LAUNCH_VARS}
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

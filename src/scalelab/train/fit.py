@@ -222,7 +222,8 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
         logger=logger or False, default_root_dir=out_dir, enable_progress_bar=tty,
         enable_model_summary=False, use_distributed_sampler=False,
     )
-    trainer.fit(lit, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+    with placement.launch_scope():  # no rank variables left for the next fit or child
+        trainer.fit(lit, datamodule=datamodule, ckpt_path=resume, weights_only=True)
 
     metrics = {**_summary(lit, throughput, curve, sharpness, gamma, tokens_per_step),
                "peak_mem_mb": _peak_mem_mb(device), "wall_s": time.perf_counter() - start_time,

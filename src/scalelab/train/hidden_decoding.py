@@ -163,7 +163,8 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
         logger=(run.lightning_logger() if run is not None else None) or False, default_root_dir=out_dir,
         enable_progress_bar=sys.stdout.isatty(), enable_model_summary=False, use_distributed_sampler=False,
     )
-    trainer.fit(lit, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+    with placement.launch_scope():  # no rank variables left for the next fit or child
+        trainer.fit(lit, datamodule=datamodule, ckpt_path=resume, weights_only=True)
 
     step_time = statistics.median(throughput.times) if throughput.times else None
     metrics = {
