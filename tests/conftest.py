@@ -93,9 +93,17 @@ def no_process_left_behind():
                     f"last test (now killed):\n{lines}", pytrace=False)
 
 
+# The files that take longest (CI's --durations), longest first: xdist's loadfile hands files to the two workers in
+# collection order, so starting these first keeps one long file from running alone at the end (LPT scheduling).
+LONGEST_FIRST = ("test_crash.py", "test_pipeline.py", "test_flow.py", "test_experiments.py", "test_runners.py",
+                 "test_runstate.py", "test_ui.py", "test_rehearsal.py", "test_teamserver.py", "test_remote.py")
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
