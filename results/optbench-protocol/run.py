@@ -12,6 +12,7 @@ The DAG runs the same functions (stages/optimizers.py, stages/leaderboard.py); t
 """
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -54,7 +55,8 @@ def main(params_path: str, only: list[str]) -> None:
     if only:
         (HERE / f"partial-{'-'.join(only)}.json").write_text(json.dumps({
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-            "wall_s": time.perf_counter() - t0, "cells_wall_s": cells_wall}, indent=1))
+            "wall_s": time.perf_counter() - t0, "cells_wall_s": cells_wall, "load_avg_at_end": os.getloadavg()},
+            indent=1))
         return
     cells, runs = lb.load_cells(metrics, ob)
     table = lb.table(params, cells, runs)
@@ -71,8 +73,9 @@ def main(params_path: str, only: list[str]) -> None:
         "commit": commit, "src_dirty": dirty, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
         "wall_s_this_pass": time.perf_counter() - t0, "threads": 1, "n_runs": len(runs), "cells_wall_s": cells_wall,
         "per_size_passes": {p.stem: json.loads(p.read_text()) for p in sorted(HERE.glob("partial-*.json"))},
-        "note": "2 CPU cores shared with other sessions' jobs: wall times inflated by their load; cells reused"
-                " from earlier passes take ~0 s here (their training wall is in per_size_passes)"}, indent=1))
+        "load_avg_at_end": os.getloadavg(),  # the machine's load: wall times are inflated by other jobs' share
+        "note": "cells reused from the per-size passes take ~0 s here (their training wall is in per_size_passes)"},
+        indent=1))
 
 
 if __name__ == "__main__":
