@@ -235,6 +235,20 @@ def test_peak_flops_measures_a_matmul_rate():
     assert 1e9 < fp32 < 1e13  # 2 CPU cores: ~2e11
 
 
+def test_an_h200_reads_its_dense_bf16_peak_not_lightnings_sparse_one():
+    """MFU is against dense matmuls: the datasheet's H200 figure with sparsity is twice that, and the names the driver
+    reports ("NVIDIA H200", "NVIDIA H200 NVL") are not the keys of Lightning's table."""
+    from lightning.fabric.utilities.throughput import _CUDA_FLOPS
+
+    from scalelab.train.fit import datasheet_peak
+
+    assert _CUDA_FLOPS["h200 sxm1"][torch.bfloat16] > 1.9e15  # Lightning's: the sparse figure (drop ours if fixed)
+    assert datasheet_peak("NVIDIA H200", torch.bfloat16) == pytest.approx(1979e12 / 2)
+    assert datasheet_peak("NVIDIA H200 NVL", torch.bfloat16) == pytest.approx(1671e12 / 2)
+    assert datasheet_peak("NVIDIA H200", torch.float32) is None  # fp32 and other chips: Lightning's table, or measured
+    assert datasheet_peak("NVIDIA H100 80GB HBM3", torch.bfloat16) is None
+
+
 def test_a_completed_run_is_not_resumed_when_its_cell_reruns(tmp_path, shards):
     """DVC reruns a finished cell only when its code or inputs changed: that rerun trains, its old checkpoint kept."""
     params, cell = parse_params(micro_raw(max_steps=10)), Cell("standard", "a", "base", 0)

@@ -110,11 +110,25 @@ def _device(accelerator: str) -> torch.device:
     return torch.device("cpu")
 
 
+# Dense bf16/fp16 tensor-core peaks (NVIDIA's datasheets give 1,979 and 1,671 TFLOP/s *with sparsity*, twice the
+# dense rate) for the chips Lightning's device table gets wrong for MFU: it lists H200's sparse figures, under names
+# ("h200 sxm1") the driver does not report ("NVIDIA H200"), so an H200 got half its MFU or a measured 4096² matmul.
+DENSE_PEAK = {"h200 nvl": 835.5e12, "h200": 989.5e12}  # most specific first: "h200" is in both names
+
+
+def datasheet_peak(device_name: str, dtype: torch.dtype) -> float | None:
+    """This project's dense peak for a device name as torch reports it, when Lightning's table is wrong for it."""
+    chip = device_name.lower()
+    if dtype in (torch.bfloat16, torch.float16):
+        return next((peak for key, peak in DENSE_PEAK.items() if key in chip), None)
+    return None
+
+
 def peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", repeats: int = 5,
                seconds: float = 0.03) -> float:
     """Peak dense matmul FLOP/s of one device in `dtype`: the MFU denominator when params give no `peak_flops`.
 
-    On a GPU Lightning's device table knows, its datasheet peak. Otherwise measured: the best of `repeats` short
+    On a GPU its dense datasheet peak (DENSE_PEAK, else Lightning's device table). Otherwise measured: the best of `repeats` short
     timings (each at least `seconds` and 2 matmuls), since whatever else runs on the device only ever slows one down;
     a single timing once read 31 GFLOP/s while another process held the cores and a cell reported MFU 1.63 (issue 6).
     Throughput also raises it to any step's achieved rate, so MFU never exceeds 1."""
@@ -122,6 +136,8 @@ def peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.device = 
     if device.type == "cuda":
         from lightning.fabric.utilities.throughput import get_available_flops
 
+        if own := datasheet_peak(torch.cuda.get_device_name(device), dtype):
+            return own
         if table := get_available_flops(device, dtype):
             return float(table)
     n = 4096 if device.type == "cuda" else 512
