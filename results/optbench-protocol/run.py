@@ -1,8 +1,8 @@
 """The committed optimizer-protocol study (issue 19): the `optimizers` section of a params file, every cell in turn in
-this one process on one thread (nice'd by the caller), without MLflow, then the leaderboard and the claims, written
+this one process on one thread, without MLflow, then the leaderboard and the claims, written
 beside this script with the command, commit and wall time.
 
-    PYTHONPATH=src nice -n 15 python results/optbench-protocol/run.py results/optbench-protocol/params.yaml [SIZE…]
+    PYTHONPATH=src python results/optbench-protocol/run.py results/optbench-protocol/params.yaml [SIZE…]
 
 With sizes, only those sizes' cells are trained (sizes are independent: the baseline of each size is its own), and
 their wall time goes to partial-<sizes>.json; without, every cell (finished runs are reused by their config hash),
@@ -69,7 +69,7 @@ def main(params_path: str, only: list[str]) -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True).stdout)
     (HERE / "run.json").write_text(json.dumps({
-        "command": f"PYTHONPATH=src nice -n 15 python results/optbench-protocol/run.py {params_path}",
+        "command": "PYTHONPATH=src python " + " ".join(sys.argv),
         "commit": commit, "src_dirty": dirty, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
         "wall_s_this_pass": time.perf_counter() - t0, "threads": 1, "n_runs": len(runs), "cells_wall_s": cells_wall,
         "per_size_passes": {p.stem: json.loads(p.read_text()) for p in sorted(HERE.glob("partial-*.json"))},
