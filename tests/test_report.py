@@ -109,6 +109,22 @@ def test_the_readme_table_lists_what_the_studies_decided(studies):
     assert "e-in-progress: no ledger (study.json absent)" in table
 
 
+def test_a_per_size_entry_without_a_pooled_one_is_the_claim(tmp_path):
+    """The compression study decides `d.order.<a>.<b>@<ρ>` at one ρ and has no pooled `d.order.<a>.<b>`: those rows
+    are its claims and are listed; a per-size row beside its pooled one is not."""
+    from scalelab.analysis.studies import decided_table
+
+    _study(tmp_path, "compression", [
+        claims.claim("d.order.svd_llm.asvd@0.75", "SVD-LLM < ASVD at 0.75", "nats", [3.0, 3.2], "7.94 vs 11.14"),
+        claims.claim("d.erank", "erank goes with loss", "rho", [0.5, 0.52], "qualitative"),
+        claims.claim("d.erank@0.75", "erank goes with loss at 0.75", "rho", [0.5, 0.52], "qualitative")],
+        ledger="metrics/claims_d.json")
+    table = decided_table(tmp_path / "results")
+    assert "| SVD-LLM < ASVD at 0.75 |" in table and "| erank goes with loss |" in table
+    assert "at 0.75 | +" not in table.replace("SVD-LLM < ASVD at 0.75 | +", "")
+    assert "2 of 2 claims decided" in table
+
+
 def test_report_gathers_the_ledger_and_says_what_did_not_run(outs):
     root, entries = outs
     out = root / "data/report"

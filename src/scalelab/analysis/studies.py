@@ -80,7 +80,8 @@ def studies_table(results: Path) -> str:
 
 def decided_table(results: Path) -> str:
     """What the committed studies decided (README): every claim whose interval excludes 0, with the study that
-    decided it; per-size entries and inconclusive claims are counted below the table, studies without a ledger named."""
+    decided it; per-size entries that a pooled entry sums up, and inconclusive claims, are counted below the table;
+    studies without a ledger named."""
     studies = committed_studies(results)
     rows = ["| claim | effect ± spread | seeds | verdict | study |", "|---|---|---|---|---|"]
     notes = []
@@ -88,7 +89,10 @@ def decided_table(results: Path) -> str:
         if s["entries"] is None:
             notes.append(f"{s['name']}: no ledger ({s['problem']})")
             continue
-        main = [e for e in s["entries"] if "@" not in e["id"]]
+        # a per-size entry (`<id>@<size>`) is left out where the study also has its pooled `<id>`; where it has
+        # none (the compression study's `d.order.*@<ρ>` at one ρ), the per-size entry is the claim
+        pooled = {e["id"] for e in s["entries"] if "@" not in e["id"]}
+        main = [e for e in s["entries"] if e["id"].split("@")[0] not in pooled or "@" not in e["id"]]
         decided = [e for e in main if verdict_of(e) not in (ledger_rules.INCONCLUSIVE, "observation")]
         rows += [f"| {e['claim']} | {_fmt_effect(e)} | {e['n_seeds']} | **{verdict_of(e)}** | "
                  f"{s['name']} |" for e in decided]
