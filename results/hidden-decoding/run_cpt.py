@@ -5,6 +5,8 @@ n = 1 control at n = 2's training FLOPs, with the pipeline's own code (fit_cell)
 The default profile's prepare stage is rerun into --work (same documents, same split), and the cells encode it with
 SmolLM2's own tokenizer (hidden_decoding.train.corpus: auto for a path source): the project tokenizer is untouched.
 A tiny budget on one CPU thread (a few optimizer steps of 4 × 128 tokens): whatever it shows is labelled as such.
+A cell whose metrics file is already in --out is read, not retrained, so seeds can run as separate processes side by
+side and a last call with every seed writes the ledger.
 
     PYTHONPATH=src nice -n 15 python results/hidden-decoding/run_cpt.py --source /tmp/smollm2-hf
 """
@@ -55,6 +57,10 @@ def main() -> None:
     metrics_dir.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
         for cell in CELLS:
+            done = metrics_dir / f"{cell}-{seed}.json"
+            if done.is_file():
+                print(f"{cell}-{seed}: read from {done}", flush=True)
+                continue
             m = fit_cell(hd, cell, seed, args.work / "cells" / f"{cell}-{seed}", args.work / "no-shards",
                          prepared_dir=prepared)
             m = {k: v for k, v in m.items() if k != "peak_mem_mb"}
@@ -70,6 +76,8 @@ def main() -> None:
                       f"--out {args.out} --steps {args.steps} --lr {args.lr} "
                       f"--seeds {' '.join(map(str, args.seeds))}",
            "commit": commit, "wall_s": round(time.perf_counter() - start, 1), "threads": 1,
+           "cells_wall_s": round(sum(json.loads((metrics_dir / f"{c}-{s}.json").read_text())["wall_s"]
+                                     for s in args.seeds for c in CELLS), 1),
            "host": f"{platform.machine()}, shared 2-core machine (other jobs running)",
            "source_digest": source_digest(args.source), "params": hd.model_dump(mode="json")}
     (args.out / "run.json").write_text(json.dumps(run, indent=1))
