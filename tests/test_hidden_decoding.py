@@ -13,7 +13,7 @@ from mutants import mutant, mutation_checks
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ModelConfig, ModelSource
-from scalelab.model import Transformer, export_hf
+from scalelab.model import Transformer, export_hf, stream_window
 from scalelab.model.hf import load_causal_lm
 from scalelab.model.hidden_decoding import HiddenDecodingLM, StreamCache, attended_pairs
 from scalelab.model.hidden_decoding_dense import dense_run_layers, mixing_mask
@@ -74,8 +74,9 @@ def test_one_stream_is_a_scalelab_cell_exactly(tmp_path):
 
 
 # ------------------------------------------------------------------ attention patterns
-def reference_mask(kind: str, n: int, T: int) -> torch.Tensor:
-    """[n, T, n, T]: may (i,s) read (j,t)? Built position by position from METHODS §C."""
+def reference_mask(kind: str, n: int, T: int, window: int | None = None) -> torch.Tensor:
+    """[n, T, n, T]: may (i,s) read (j,t)? Built position by position from METHODS §C (a local layer: a mixing
+    layer that reads only the last `window` tokens)."""
     m = torch.zeros(n, T, n, T, dtype=torch.bool)
     for s in range(n):
         for i in range(T):
@@ -84,7 +85,7 @@ def reference_mask(kind: str, n: int, T: int) -> torch.Tensor:
                     if kind == "within":
                         m[s, i, t, j] = t == s and j <= i
                     else:
-                        m[s, i, t, j] = j < i or (j == i and t <= s)
+                        m[s, i, t, j] = (j < i or (j == i and t <= s)) and (kind == "mixing" or j > i - window)
     return m
 
 
@@ -136,6 +137,53 @@ def test_maskless_mixing_equals_the_dense_oracle(n, attention, positions, monkey
     assert all((hq, hk) == (4, 2) for _, hq, hk, _ in calls)  # GQA: 2 kv heads for 4 query heads, not expanded
     monkeypatch.undo()
     torch.testing.assert_close(out, dense_run_layers(model, e), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_a_local_layer_reads_a_window_of_tokens_and_all_their_streams(window):
+    """The Jacobian structure of a lone local layer is the windowed mixing rule, and its pair count is counted."""
+    n, T = 3, 5
+    model = hd(qwen3(layers=1), n_streams=n, mixing_layers=[], local_layers=[0], local_window=window)
+    assert model.layer_kind(0) == "local"
+    ref = reference_mask("local", n, T, window)
+    assert torch.equal(dependency(model, n, T), ref)
+    assert ref.sum() == attended_pairs("local", n, T, window)
+    assert attended_pairs("local", n, T, T) == attended_pairs("mixing", n, T)  # a window of every token: mixing
+
+
+@pytest.mark.parametrize("n,window,T", [(2, 3, 7), (3, 2, 8), (4, 1, 5), (3, 9, 7)])
+def test_windowed_local_layers_equal_the_dense_oracle_without_a_full_mask(n, window, T, monkeypatch):
+    """Local layers (blocks of whole tokens against the previous block) compute what the dense (nT)² windowed mask
+    computes; the largest mask any layer builds is a block's, [n·w, 2·n·w], never [nT, nT]; with the window past the
+    sequence a local layer is a mixing layer."""
+    model = hd(qwen3(), n_streams=n, mixing_layers=[3], local_layers=[0, 2], local_window=window)
+    assert [model.layer_kind(i) for i in range(4)] == ["local", "within", "local", "mixing"]
+    e = model.embed(tokens(T=T))
+    shapes, real = [], F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, **kw):
+        shapes.append(None if attn_mask is None else tuple(attn_mask.shape[-2:]))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(stream_window.F, "scaled_dot_product_attention", sdpa)
+    out = model.run_layers(e)
+    monkeypatch.undo()
+    b = n * window
+    assert shapes == [(b, 2 * b), None, (b, 2 * b), None]  # within and mixing layers: SDPA's causal path
+    torch.testing.assert_close(out, dense_run_layers(model, e), atol=1e-6, rtol=1e-5)
+    if window >= T:
+        mixing = hd(qwen3(), n_streams=n, mixing_layers=[0, 2, 3])
+        torch.testing.assert_close(out, mixing.run_layers(e), atol=1e-6, rtol=1e-5)
+
+
+def test_local_layers_are_checked_against_the_other_kinds():
+    cfg = lambda **kw: HiddenDecodingModelConfig(n_streams=2, **kw)  # noqa: E731
+    assert cfg(local_layers=[3]).mixing(4) == [1] and cfg(local_layers=[3]).local(4) == [3]  # out of the default
+    assert cfg(mixing_layers=[], local_layers=[1]).mixing(4) == []  # a local layer alone carries the streams
+    for kw, match in (({"mixing_layers": [1, 3], "local_layers": [3]}, "both"),
+                      ({"local_layers": [4]}, "4 layers"), ({"local_layers": [1], "attention": "full"}, "full")):
+        with pytest.raises(ValueError, match=match):
+            cfg(**kw).mixing(4)
 
 
 def test_rope_positions_per_layer_kind():
@@ -247,10 +295,10 @@ def test_settings_with_interchangeable_or_unread_streams_are_refused():
 
 # ------------------------------------------------------------------ decoding
 @pytest.mark.parametrize("positions", ["shared", "interleaved", "per_layer"])
-@pytest.mark.parametrize("n,attention", [(1, "sfa"), (3, "sfa"), (3, "full")])
-def test_cached_decoding_equals_the_full_forward(n, attention, positions):
+@pytest.mark.parametrize("n,attention,local", [(1, "sfa", []), (3, "sfa", []), (3, "full", []), (3, "sfa", [0, 2])])
+def test_cached_decoding_equals_the_full_forward(n, attention, local, positions):
     model = hd(qwen3(), n_streams=n, attention=attention, positions=positions, mixing_layers=[1, 3],
-               embed_noise=0.1)
+               local_layers=local, local_window=3, embed_noise=0.1)
     x = tokens(T=10)
     full = model(x).logits
     cache = StreamCache(max_tokens=10 if positions != "shared" else None)  # preallocated, or grown by doubling
@@ -361,6 +409,11 @@ def test_flops_are_counted_by_mask_and_controls_match_them():
     expected = 6 * (4 * 4 * weights + 32 * V) + 12 * 32 * pairs / T
     model = HiddenDecodingLM(backbone, cfg.model("n4"))
     assert model.flops_per_token(T) == pytest.approx(expected, rel=1e-12)
+    # layer 1 local over 3 tokens: its pairs are the windowed mask's
+    windowed = cfg.model_copy(update={"local_layers": [1], "local_window": 3}).model("n4")
+    pairs_local = pairs - reference_mask("mixing", 4, T).sum().item() + reference_mask("local", 4, T, 3).sum().item()
+    assert HiddenDecodingLM(llama(), windowed).flops_per_token(T) == pytest.approx(
+        expected + 12 * 32 * (pairs_local - pairs) / T, rel=1e-12)
     steps = cell_steps(cfg, "n1_flops_n4", backbone.config)
     f1 = HiddenDecodingLM(llama(), cfg.model("n1_flops_n4")).flops_per_token(T)
     assert abs(steps * f1 - 100 * expected) <= f1 / 2  # equal training FLOPs, up to rounding to a step

@@ -5,6 +5,7 @@
       source_dep: data/pretrain/standard-m-base-0/model/hf   # what DVC tracks for `source` (checked to match)
       positions: per_layer                     # RoPE position of (i, s): i in within-stream layers, n·i+s in mixing
       mixing_layers: null                      # null: every k-th layer counted back from the last (k = 2..4)
+      local_layers: []                         # cross-stream layers over a window of local_window tokens
       embed_noise: 0.1                         # noise on E_2..E_n at init, relative to std(E)
       cells: {n1: {n_streams: 1}, n4full: {n_streams: 4, attention: full},
               n1_flops_n4: {n_streams: 1, flops_of: {n_streams: 4}}, ...}
@@ -50,31 +51,51 @@ class HiddenDecodingModelConfig(StreamsConfig):
 
     positions: Literal["shared", "interleaved", "per_layer"] = "per_layer"  # see POSITIONS
     mixing_layers: list[NonNegInt] | None = None  # None: default_mixing
+    local_layers: list[NonNegInt] = []  # local cross-stream layers (see `local`); none by default
+    local_window: PosInt = 4  # tokens (all their streams) a local layer's query reads, its own included
     embed_noise: NonNegFloat = 0.1  # std of the noise added to the copies E_2..E_n at init (relative to E's std)
     aux_loss_weight: NonNegFloat = 0.0  # weight of the mean CE on streams 1..n-1 (off: only (i, n) predicts)
 
     def position_kind(self, layer_kind: str) -> str:
-        """ "token" or "interleaved": the RoPE positions of a "within" or "mixing" layer."""
-        return POSITIONS[self.positions][layer_kind == "mixing"]
+        """ "token" or "interleaved": the RoPE positions of a "within" layer, or of a cross-stream one ("mixing",
+        "local": they run in token-major order)."""
+        return POSITIONS[self.positions][layer_kind != "within"]
+
+    def local(self, n_layer: int) -> list[int]:
+        """Indices of the local cross-stream layers (scalelab.model.stream_window: (i,s) attends every stream of
+        the last `local_window` tokens, its own token's up to s). A layer listed here is taken out of the default
+        mixing layers; one listed in both `mixing_layers` and `local_layers` is refused."""
+        layers = sorted(set(self.local_layers))
+        if layers and self.attention == "full":
+            raise ValueError("hidden_decoding.local_layers with attention full: every layer already mixes the whole "
+                             "context")
+        if bad := [i for i in layers if i >= n_layer]:
+            raise ValueError(f"hidden_decoding.local_layers {bad}: the backbone has {n_layer} layers "
+                             f"(0..{n_layer - 1})")
+        if both := sorted(set(layers) & set(self.mixing_layers or ())):
+            raise ValueError(f"hidden_decoding: layers {both} are in both mixing_layers and local_layers")
+        return layers
 
     def mixing(self, n_layer: int) -> list[int]:
         """Indices of the mixing layers of an `n_layer`-layer backbone (all of them under `full`), after refusing
         settings under which the hidden streams provably cannot matter (METHODS §C, symmetry):
-        - n > 1 without a mixing layer: streams 1..n-1 never reach (i, n);
-        - n ≥ 3, equal tables (embed_noise 0), token positions in mixing layers, and only the last layer mixing:
-          streams 1..n-1 are computed identically and read only by (i, n)'s attention, which sees them as an
-          unordered set of equal keys, so they get identical gradients and stay identical copies forever."""
+        - n > 1 without a cross-stream (mixing or local) layer: streams 1..n-1 never reach (i, n);
+        - n ≥ 3, equal tables (embed_noise 0), token positions in cross-stream layers, and only the last layer
+          crossing streams: streams 1..n-1 are computed identically and read only by (i, n)'s attention, which sees
+          them as an unordered set of equal keys, so they get identical gradients and stay identical copies."""
+        local = self.local(n_layer)
         if self.attention == "full":
             return list(range(n_layer))
-        layers = sorted(set(self.mixing_layers if self.mixing_layers is not None else default_mixing(n_layer)))
+        listed = self.mixing_layers if self.mixing_layers is not None else default_mixing(n_layer)
+        layers = sorted(set(listed) - set(local))
         if bad := [i for i in layers if i >= n_layer]:
             raise ValueError(f"hidden_decoding.mixing_layers {bad}: the backbone has {n_layer} layers "
                              f"(0..{n_layer - 1})")
-        n = self.n_streams
-        if n > 1 and not layers:
+        n, crossing = self.n_streams, sorted({*layers, *local})
+        if n > 1 and not crossing:
             raise ValueError(f"hidden_decoding: n_streams {n} with no mixing layer: the hidden streams never reach "
                              "the prediction (set mixing_layers)")
-        if (n >= 3 and (self.embed_noise == 0 or self.tables == "tied") and layers == [n_layer - 1]
+        if (n >= 3 and (self.embed_noise == 0 or self.tables == "tied") and crossing == [n_layer - 1]
                 and self.position_kind("mixing") == "token"):
             raise ValueError(f"hidden_decoding: n_streams {n}, equal tables, shared positions and only the last "
                              f"layer ({n_layer - 1}) mixing: the hidden streams are interchangeable copies (set "
@@ -142,6 +163,8 @@ class HiddenDecodingConfig(Strict):
     source_dep: str = "data/pretrain/standard-m-base-0/model/hf"
     positions: Literal["shared", "interleaved", "per_layer"] = "per_layer"
     mixing_layers: list[NonNegInt] | None = None
+    local_layers: list[NonNegInt] = []
+    local_window: PosInt = 4
     embed_noise: NonNegFloat = 0.1
     aux_loss_weight: NonNegFloat = 0.0
     cells: dict[str, CellConfig]
@@ -163,7 +186,7 @@ class HiddenDecodingConfig(Strict):
             raise ValueError(f"hidden_decoding.grid: unknown cells {unknown}; known: {sorted(self.cells)}")
         if not self.seeds:
             raise ValueError("hidden_decoding.seeds: at least one seed")
-        if self.mixing_layers == [] and (multi := [c for c in self.cells if self.cells[c].n_streams > 1
+        if self.mixing_layers == [] and not self.local_layers and (multi := [c for c in self.cells if self.cells[c].n_streams > 1
                                                    and self.cells[c].attention == "sfa"]):
             raise ValueError(f"hidden_decoding.mixing_layers []: cells {multi} have hidden streams that never reach "
                              "the prediction")
@@ -180,5 +203,6 @@ class HiddenDecodingConfig(Strict):
         c = self.cells[cell]
         return HiddenDecodingModelConfig(n_streams=c.n_streams, attention=c.attention, tables=c.tables,
                                          positions=self.positions,
-                                         mixing_layers=self.mixing_layers, embed_noise=self.embed_noise,
+                                         mixing_layers=self.mixing_layers, local_layers=self.local_layers,
+                                         local_window=self.local_window, embed_noise=self.embed_noise,
                                          aux_loss_weight=self.aux_loss_weight)

@@ -7,6 +7,8 @@ Stream-Factorized Attention (SFA).
                           s' ≤ s: in token-major order (entry n·i + s) that rule is exactly "every earlier entry", so
                           the layer is plain causal attention over n·T entries (no mask tensor, GQA kept by SDPA,
                           flash-capable on GPU)
+    local layer:          token-major  [B, n·T, d], windowed SDPA    as mixing, but only the last `local_window`
+                          tokens (scalelab.model.stream_window: blocks of whole tokens, no (nT)² mask)
     logits and loss only at (i,n), which predicts token i+1; (i,1..n-1) are hidden computation.
     RoPE position of (i,s), by layer kind (config POSITIONS): i, or n·i + s (s from 0); "per_layer" (the default,
     WeLM-HD's public description) uses i in within-stream layers and n·i + s in mixing layers.
@@ -30,17 +32,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalelab.config import HiddenDecodingModelConfig
+from scalelab.model import stream_window
 from scalelab.model.transformer import ModelOutput
 
 BACKBONES = ("llama", "qwen3")
 
 
-def attended_pairs(kind: str, n: int, T: int) -> int:
-    """(query, key) pairs one sequence of T tokens attends in one layer of `kind` ("within" or "mixing")."""
+def attended_pairs(kind: str, n: int, T: int, window: int | None = None) -> int:
+    """(query, key) pairs one sequence of T tokens attends in one layer of `kind` ("within", "mixing", or "local"
+    with a `window` of tokens)."""
     if kind == "within":  # n causal attentions over T positions
         return n * T * (T + 1) // 2
-    # query (i,s), s = 1..n, sees n·i earlier entries and s of its own token
-    return n * n * T * (T - 1) // 2 + T * n * (n + 1) // 2
+    if (kind == "local") != (window is not None):
+        raise ValueError(f"attended_pairs: a window is the local kind's alone (kind {kind!r}, window {window})")
+    # query (i,s), s = 1..n, sees n·min(i, window − 1) earlier entries (n·i when mixing) and s of its own token
+    w = min(T, window or T)
+    earlier = w * (w - 1) // 2 + (T - w) * (w - 1)
+    return n * n * earlier + T * n * (n + 1) // 2
 
 
 def flops_per_token(config, cfg: HiddenDecodingModelConfig, seq_len: int) -> float:
@@ -53,8 +61,9 @@ def flops_per_token(config, cfg: HiddenDecodingModelConfig, seq_len: int) -> flo
     H, Hkv, d, L = c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.num_hidden_layers
     layer = d * hd * (2 * H + 2 * Hkv) + 3 * d * c.intermediate_size
     heads = 1 + (n - 1 if cfg.aux_loss_weight else 0)
-    mixing = set(cfg.mixing(L))
-    pairs = sum(attended_pairs("mixing" if i in mixing else "within", n, seq_len) for i in range(L)) / seq_len
+    mixing, local = set(cfg.mixing(L)), set(cfg.local(L))
+    kinds = ["local" if i in local else "mixing" if i in mixing else "within" for i in range(L)]
+    pairs = sum(attended_pairs(k, n, seq_len, cfg.local_window if k == "local" else None) for k in kinds) / seq_len
     return 6.0 * (n * L * layer + heads * d * c.vocab_size) + 12.0 * H * hd * pairs
 
 
@@ -104,13 +113,15 @@ class HiddenDecodingLM(nn.Module):
         if any(t != "full_attention" for t in getattr(c, "layer_types", None) or []):
             raise ValueError("Hidden Decoding: the backbone has sliding-window layers; only full attention is "
                              "supported")
-        # Our masks rely on SDPA's semantics (None = causal); eager or flash kernels would ignore them.
-        backbone.set_attn_implementation("sdpa")
         self.backbone, self.cfg, self.n = backbone, cfg, cfg.n_streams
         self.n_layer = c.num_hidden_layers
-        mixing = cfg.mixing(self.n_layer)
+        mixing, local = cfg.mixing(self.n_layer), cfg.local(self.n_layer)
         # With one stream the mixing mask is the causal mask: every layer takes the backbone's own causal path.
         self.mixing_layers = frozenset(mixing if self.n > 1 else ())
+        self.local_layers = frozenset(local if self.n > 1 else ())
+        # Our masks rely on SDPA's semantics (None = causal); eager or flash kernels would ignore them. Local layers
+        # need the windowed path, which is SDPA for every other call.
+        backbone.set_attn_implementation(stream_window.ATTENTION if self.local_layers else "sdpa")
         # E_2..E_n: copies of the backbone's table E_1 (optional noise). E_1 stays the backbone's (tied LM heads too).
         # Tied tables (the control): every stream reads E_1.
         e1 = backbone.get_input_embeddings().weight
@@ -139,7 +150,7 @@ class HiddenDecodingLM(nn.Module):
         return self.n * tokens[None, :] + torch.arange(self.n, device=tokens.device)[:, None]
 
     def layer_kind(self, layer: int) -> str:
-        return "mixing" if layer in self.mixing_layers else "within"
+        return "local" if layer in self.local_layers else "mixing" if layer in self.mixing_layers else "within"
 
     # ---------------------------------------------------------------- the layer loop
     def run_layers(self, h: torch.Tensor, cache: StreamCache | None = None,
@@ -152,7 +163,9 @@ class HiddenDecodingLM(nn.Module):
         if cache is not None:
             cache.new_tokens = T
         tok = torch.arange(start, start + T, device=h.device)
-        rope, masks = {}, {"within": None, "mixing": None}  # mask None: SDPA's causal path (or one query token)
+        w = self.cfg.local_window
+        # mask None: SDPA's causal path (or one query token); a local layer's full-sequence forward: the window path
+        rope, masks = {}, {"within": None, "mixing": None, "local": None}
         for kind in {self.layer_kind(i) for i in range(self.n_layer)}:
             cos, sin = self.backbone.model.rotary_emb(h, self.positions(tok, kind))  # [n, T, head_dim]
             if kind == "within":  # row b·n + s of the folded batch
@@ -160,25 +173,31 @@ class HiddenDecodingLM(nn.Module):
             else:  # token-major entry n·i + s
                 rope[kind] = tuple(x.transpose(0, 1).reshape(1, T * n, -1) for x in (cos, sin))
         if start:  # new entries after cached ones: causal with an offset (SDPA's is_causal aligns top-left)
-            per_token = {"within": 1, "mixing": n}
+            per_token = {"within": 1, "mixing": n, "local": n}
             for kind, p in per_token.items():
                 if kind == "within" and T == 1:
                     continue
                 q = torch.arange(p * T, device=h.device)[:, None] + p * start
-                masks[kind] = (torch.arange(p * (start + T), device=h.device)[None, :] <= q)[None, None]
-        layout = "within"  # h is [B, n, T, d] (stream-major); "mixing": [B, T, n, d] (token-major)
+                keys = torch.arange(p * (start + T), device=h.device)[None, :]
+                allowed = keys <= q
+                if kind == "local":  # from the first stream of token i − w + 1 on
+                    allowed &= keys >= n * (q // n - w + 1)
+                masks[kind] = allowed[None, None]
+        window = {"hd_window": (n, w)} if masks["local"] is None else {}
+        layout = "stream"  # h is [B, n, T, d] (stream-major); "token": [B, T, n, d] (token-major)
         for i, layer in enumerate(self.backbone.model.layers):
             kind = self.layer_kind(i)
-            if kind != layout:  # the one copy: where the layer kind changes
-                h, layout = h.transpose(1, 2).contiguous(), kind
+            if (kind == "within") != (layout == "stream"):  # the one copy: where the layout changes
+                h, layout = h.transpose(1, 2).contiguous(), "stream" if kind == "within" else "token"
             x = h.reshape(B * n, T, d) if kind == "within" else h.reshape(B, T * n, d)
-            x = layer(x, attention_mask=masks[kind], position_embeddings=rope[kind], past_key_values=cache)
+            x = layer(x, attention_mask=masks[kind], position_embeddings=rope[kind], past_key_values=cache,
+                      **(window if kind == "local" else {}))
             h = x.view(h.shape)
             if hidden_out is not None:
-                hidden_out.append(h if layout == "within" else h.transpose(1, 2))
+                hidden_out.append(h if layout == "stream" else h.transpose(1, 2))
         if cache is not None:
             cache.length += T
-        return h if layout == "within" else h.transpose(1, 2)
+        return h if layout == "stream" else h.transpose(1, 2)
 
     def stream_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on [..., d]."""

@@ -49,6 +49,7 @@ def save_hidden_decoding(model: HiddenDecodingLM, out_dir: str | os.PathLike, to
     save_file(tables, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.cfg.model_dump(mode="json"),
             "mixing_layers": sorted(model.mixing_layers),  # as resolved for this backbone
+            "local_layers": sorted(model.local_layers),
             "backbone": json.loads((out_dir / "config.json").read_text())}
     (out_dir / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")
     (out_dir / "config.json").write_text(json.dumps(

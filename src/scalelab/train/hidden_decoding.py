@@ -171,6 +171,7 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
         "val_loss": curve.last("val_loss"),  # last stream, the fixed validation windows
         "train_loss": statistics.fmean(r[2] for r in curve.rows[-10:]) if curve.rows else None,
         "n_streams": cfg.n_streams, "attention": cfg.attention, "mixing_layers": sorted(model.mixing_layers),
+        "local_layers": sorted(model.local_layers),
         "steps": lit.step, "tokens": lit.step * tokens_per_step, "flops_per_token": fpt,
         "flops": fpt * lit.step * tokens_per_step, "params": model.num_params(),
         "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time if step_time else None,
