@@ -416,6 +416,8 @@ def test_flops_are_counted_by_mask_and_controls_match_them():
         expected + 12 * 32 * (pairs_local - pairs) / T, rel=1e-12)
     steps = cell_steps(cfg, "n1_flops_n4", backbone.config)
     f1 = HiddenDecodingLM(llama(), cfg.model("n1_flops_n4")).flops_per_token(T)
+    one = cfg.model_copy(update={"local_layers": [1], "local_window": 3}).model("n1_flops_n4")  # n = 1: no window
+    assert HiddenDecodingLM(llama(), one).flops_per_token(T) == pytest.approx(f1, rel=1e-12)
     assert abs(steps * f1 - 100 * expected) <= f1 / 2  # equal training FLOPs, up to rounding to a step
 
 
@@ -770,6 +772,23 @@ def _(monkeypatch):
     monkeypatch.setattr(hdr, "_gated", lambda entry, premise, why: entry)
 
 
+@mutant("hd-window-one-short")  # a local layer's window stops one token short (token i − w + 1 unread)
+def _(monkeypatch):
+    def short(n, w, device=None):
+        b = n * w
+        a, c = torch.arange(b, device=device)[:, None], torch.arange(2 * b, device=device)[None, :]
+        later = (c <= a + b) & (c >= n * (a // n + 2))
+        return torch.stack([later & (c >= b), later])
+
+    monkeypatch.setattr(stream_window, "window_mask", short)
+
+
+@mutant("hd-local-as-mixing")  # the window ignored: a local layer reads the whole context
+def _(monkeypatch):
+    monkeypatch.setattr(stream_window, "windowed_sdpa", lambda q, k, v, n, w, scale=None: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, scale=scale, enable_gqa=True))
+
+
 T = "tests/test_hidden_decoding.py::"
 CAUGHT = [
     ("hd-tables-frozen", f"{T}test_a_local_llama_continues_training"),
@@ -784,6 +803,9 @@ CAUGHT = [
     ("hd-folder-loads-as-backbone", f"{T}test_save_reload_and_hugging_face_round_trip"),
     ("hd-own-tokenizer-ignored", f"{T}test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus"),
     ("hd-claims-ungated", f"{T}test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise"),
+    ("hd-window-one-short", f"{T}test_windowed_local_layers_equal_the_dense_oracle_without_a_full_mask"),
+    ("hd-local-as-mixing", f"{T}test_windowed_local_layers_equal_the_dense_oracle_without_a_full_mask"),
+    ("hd-local-as-mixing", f"{T}test_cached_decoding_equals_the_full_forward"),
 ]
 
 

@@ -61,7 +61,8 @@ def flops_per_token(config, cfg: HiddenDecodingModelConfig, seq_len: int) -> flo
     H, Hkv, d, L = c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.num_hidden_layers
     layer = d * hd * (2 * H + 2 * Hkv) + 3 * d * c.intermediate_size
     heads = 1 + (n - 1 if cfg.aux_loss_weight else 0)
-    mixing, local = set(cfg.mixing(L)), set(cfg.local(L))
+    # one stream runs every layer as the backbone's causal layer: a local layer's window applies only for n > 1
+    mixing, local = set(cfg.mixing(L)), set(cfg.local(L)) if n > 1 else set()
     kinds = ["local" if i in local else "mixing" if i in mixing else "within" for i in range(L)]
     pairs = sum(attended_pairs(k, n, seq_len, cfg.local_window if k == "local" else None) for k in kinds) / seq_len
     return 6.0 * (n * L * layer + heads * d * c.vocab_size) + 12.0 * H * hd * pairs
