@@ -86,6 +86,43 @@ def test_signals_reach_the_stage_and_a_killed_client_ends_it(tmp_path, served):
             time.sleep(0.2)
 
 
+def test_a_signal_before_the_servers_reply_waits_for_the_forwarder(tmp_path):
+    """The server forks the stage, which can start (and print) before its pid reaches the client: a SIGTERM to the
+    client in that window must be held and forwarded to the stage's process group, not end the client and orphan
+    the stage (seen once in CI: the client died of the signal, -15 instead of 143). A fake server speaks the
+    protocol, so the window is held open for as long as the test needs."""
+    import socket
+
+    from scalelab.pipeline import handoff
+
+    (tmp_path / "stage.py").write_text(SCRIPT)
+    path = tmp_path / "fake.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(str(path))
+        srv.listen(1)
+        forked = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands for the forked stage
+        proc = stage(tmp_path, path, "run", "0")
+        conn, _ = srv.accept()
+        try:
+            request, fds = handoff.recv(conn, maxfds=3)
+            for fd in fds:
+                os.close(fd)
+            assert request["argv"][1:] == ["run", "0"]
+            proc.send_signal(signal.SIGTERM)  # before the reply with the stage's pid
+            time.sleep(0.5)
+            assert proc.poll() is None, f"the client ended on a signal it could not forward yet ({proc.returncode})"
+            handoff.send(conn, {"pid": forked.pid})
+            assert forked.wait(timeout=30) == -signal.SIGTERM  # held, then forwarded to the stage's group
+            handoff.send(conn, {"exit": 128 + signal.SIGTERM})
+            assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        finally:
+            conn.close()
+            for child in (forked, proc):
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 WARM_ENV = "SCALELAB_WARM"  # the server's socket path, set by the flow for its tasks
 RANK_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK")
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # to the stage's process group in the server
 _HEADER = struct.Struct("!I")
 
 
@@ -40,6 +41,9 @@ def handoff() -> None:
     path = os.environ.get(WARM_ENV)
     if not path or any(os.environ.get(v, "0") != "0" for v in RANK_VARS) or not Path(sys.argv[0]).is_file():
         return
+    # The forked stage starts (and may print) before the reply with its pid arrives here: a signal sent to this
+    # process in between must wait for the handler that forwards it, not end this process and orphan the stage.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -48,12 +52,12 @@ def handoff() -> None:
               [0, 1, 2])
         reply, _ = recv(sock)
     except OSError:
-        sock.close()
-        return  # no server (yet, or any more): run in this process
+        reply = None  # no server (yet, or any more): run in this process
     if not reply or "pid" not in reply:
         if reply and "refused" in reply:
             print(f"scalelab.pipeline.warm: running cold: {reply['refused']}", file=sys.stderr, flush=True)
         sock.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # a pending signal now acts here, as without a server
         return
     pid = reply["pid"]
 
@@ -63,8 +67,9 @@ def handoff() -> None:
         except ProcessLookupError:
             pass
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in FORWARDED:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # one that came meanwhile is forwarded now
     status, _ = recv(sock)
     sys.stdout.flush()
     os._exit(status["exit"] if status else 1)
