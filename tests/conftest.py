@@ -93,10 +93,12 @@ def no_process_left_behind():
                     f"last test (now killed):\n{lines}", pytrace=False)
 
 
-# The files that take longest (CI's --durations), longest first: xdist's loadfile hands files to the two workers in
-# collection order, so starting these first keeps one long file from running alone at the end (LPT scheduling).
-LONGEST_FIRST = ("test_crash.py", "test_pipeline.py", "test_flow.py", "test_experiments.py", "test_runners.py",
-                 "test_runstate.py", "test_ui.py", "test_rehearsal.py", "test_teamserver.py", "test_remote.py")
+# The files that take longest (their summed --durations on the idle 2-core machine), longest first: with
+# --no-loadscope-reorder (pyproject) xdist's loadfile hands files to the two workers in this order, so no long file
+# starts late and runs alone at the end (LPT scheduling; xdist's own order, by number of tests, put them last).
+LONGEST_FIRST = ("test_pipeline.py", "test_crash.py", "test_flow.py", "test_experiments.py", "test_runstate.py",
+                 "test_runners.py", "test_teamserver.py", "test_ui.py", "test_hardening.py", "test_remote.py",
+                 "test_rehearsal.py")
 
 
 def pytest_collection_modifyitems(config, items):

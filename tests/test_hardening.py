@@ -619,6 +619,16 @@ def test_the_leak_check_test_catches(name):
                   name)
 
 
+def test_the_suite_hands_out_its_longest_files_first(request):
+    """The suite's scheduling (tests/conftest.py): every file named longest-first exists, and xdist keeps that order
+    (its default reorders by number of tests, which sent the few-test, longest files last: one ran alone ~2 min)."""
+    import conftest
+
+    assert [name for name in conftest.LONGEST_FIRST if not (ROOT / "tests" / name).is_file()] == []
+    if hasattr(request.config, "workerinput"):  # an xdist worker: its options are the controller's
+        assert request.config.getoption("loadscopereorder") is False
+
+
 def test_the_leak_check_spares_only_this_processs_resource_tracker():
     """multiprocessing's resource tracker lives as long as the test process (its pipe closes when the process
     exits): not a leftover. Anything else the process started, a `sleep` say, is."""
