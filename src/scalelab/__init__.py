@@ -67,6 +67,9 @@ def offline_defaults() -> None:
         "MLFLOW_ENABLE_TELEMETRY": "false",
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "DO_NOT_TRACK": "1",
+        # `mlflow server` (make ui, the team server) otherwise starts 7 Huey job consumers for MLflow's GenAI jobs,
+        # which scalelab never submits: idle, they kept 1.1 cores busy on this machine (0.01 without)
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
         "PREFECT_HOME": str(root / ".prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         # the flow's temporary Prefect server: 20 s by default, which a busy 2-core machine exceeds
