@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from workspace import MICRO, workspace_copy  # noqa: E402  (the tests' copy of the code in a fresh git repo)
+from workspace import MICRO, seed_prefect_home, workspace_copy  # noqa: E402  (the tests' copy of the code)
 
 TREE_ENV = "SCALELAB_TREE"
 DVC = [sys.executable, "-m", "dvc"]
@@ -91,7 +91,7 @@ def workspace(path: Path, params: Path, code: Path = ROOT) -> dict[str, str]:
     server keeps its database there, a crash's leftovers included) and no Prefect API of the caller's."""
     env = workspace_copy(path, params, code)
     env = {k: v for k, v in env.items() if not k.startswith("PREFECT_API")}
-    return env | {"PREFECT_HOME": str(path / ".prefect"), "PYTHONUNBUFFERED": "1"}
+    return env | {"PREFECT_HOME": str(seed_prefect_home(path / ".prefect")), "PYTHONUNBUFFERED": "1"}
 
 
 def flow(ws: Path, env: dict[str, str], targets: list[str], workers: int, tag: str,

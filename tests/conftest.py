@@ -4,6 +4,8 @@ import atexit
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -143,9 +145,42 @@ def micro_params():
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    """One temporary Prefect server for every flow test of the session (started slowly on a busy machine)."""
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_db(tmp_path_factory):
+    """A Prefect database migrated once per test run, for every Prefect home the tests start a server on
+    (workspace.seed_prefect_home; this process's own home seeded here). Built by Prefect's own command, aside, and
+    moved into place under a lock: the xdist workers share it (their basetemps' common folder)."""
+    import fcntl
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+    import prefect
+    from workspace import PREFECT_DB_ENV, seed_prefect_home
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    db = shared / f"prefect-{prefect.__version__}.db"
+    with open(shared / "prefect-db.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not db.exists():
+            home = Path(tempfile.mkdtemp(dir=shared))
+            env = {**os.environ, "PREFECT_HOME": str(home),
+                   "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}"}
+            subprocess.run([str(Path(sys.executable).parent / "prefect"), "server", "database", "upgrade", "-y"],
+                           env=env, check=True, capture_output=True)
+            os.replace(home / "prefect.db", db)
+            shutil.rmtree(home)
+    os.environ[PREFECT_DB_ENV] = str(db)
+    seed_prefect_home(Path(os.environ["PREFECT_HOME"]))
+    return db
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(prefect_db):
+    """One temporary Prefect server for every flow test of the session (started slowly on a busy machine), on a copy
+    of the migrated database: the harness keeps its database in a folder of its own from `mkdtemp`."""
+    from prefect.testing import utilities
+
+    folder = Path(tempfile.mkdtemp(dir=_STATE))
+    shutil.copyfile(prefect_db, folder / "prefect-test.db")  # the harness's file name in that folder
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(utilities, "mkdtemp", lambda: str(folder))
+        with utilities.prefect_test_harness(server_startup_timeout=180):
+            yield

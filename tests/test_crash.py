@@ -20,7 +20,7 @@ TARGETS = ["pretrain@none-a-0", "pretrain@standard-a-0"]
 SEED = 21
 
 
-def test_a_killed_flow_reruns_to_the_uninterrupted_result(tmp_path):
+def test_a_killed_flow_reruns_to_the_uninterrupted_result(tmp_path, prefect_db):  # fresh homes, migrated
     rng = random.Random(SEED)
     ref = tmp_path / "reference"
     env = crash.workspace(ref, MICRO)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST_TMP, ROOT
 from mutants import assert_caught, mutant
+from workspace import seed_prefect_home
 
 pytestmark = pytest.mark.slow
 CHROMIUM, DRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -107,7 +108,7 @@ def _run(cmd, cwd, env):
 
 
 @pytest.fixture(scope="module")
-def dashboards(tmp_path_factory):
+def dashboards(tmp_path_factory, prefect_db):
     browser = _browser()
     from scalelab.tracking import ui
 
@@ -119,7 +120,8 @@ def dashboards(tmp_path_factory):
     (proj / "params.yaml").write_text("tracking: {experiment: ui-test}\n")
     (proj / "data/report").mkdir(parents=True)  # as the report stage leaves it: the flow publishes it to Prefect
     (proj / "data/report/report.md").write_text("# scalelab report\n\n| claim | verdict |\n|---|---|\n| x | reproduced |\n")
-    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{state / 'mlflow.db'}", "PREFECT_HOME": str(state / "prefect")}
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{state / 'mlflow.db'}",
+           "PREFECT_HOME": str(seed_prefect_home(state / "prefect"))}  # migrated: the dashboards are tested here
     ports = _free_ports(2)  # free when chosen (ports derived from the pid collided across processes)
     try:
         with ui.servers(*ports, env=env, log_dir=state, timeout=240) as urls:

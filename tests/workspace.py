@@ -11,6 +11,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "tests" / "micro_params.yaml"
+# A Prefect database already migrated by this Prefect (tests/conftest.py's `prefect_db` builds one per test run): a
+# server started on a fresh home otherwise spends ~6 CPU s in Prefect's migrations, and the suite started ~8 of them.
+PREFECT_DB_ENV = "SCALELAB_TEST_PREFECT_DB"
+
+
+def seed_prefect_home(home: Path, name: str = "prefect.db") -> Path:
+    """`home` with a copy of the test run's migrated Prefect database as `name` (Prefect's default file in a home),
+    unless it has one. Without one (a benchmark run on its own) the home is left as it is: its server migrates, as a
+    user's first one does."""
+    home.mkdir(parents=True, exist_ok=True)
+    if (db := os.environ.get(PREFECT_DB_ENV)) and not (home / name).exists():
+        shutil.copyfile(db, home / name)
+    return home
 
 
 def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[str, str]:
