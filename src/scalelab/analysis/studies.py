@@ -1,13 +1,22 @@
-"""Committed studies (results/<study>/): what each ran (study.json: its profile, seeds, commit, command and wall time)
-and its ledger, read for the report and the README's table of what is decided. The contract is docs/workflow.md
-"Committed studies"; a folder that does not meet it is reported with the reason, never an error.
+"""Committed studies (results/<study>/): what each ran (study.json: its profile, seeds, commit, command, wall time and
+the generator of its ledger) and its ledger, read for the report and the README's table of what is decided. The
+contract is docs/workflow.md "Committed studies"; a folder that does not meet it is reported with the reason, never
+an error.
+
+Every ledger is re-derivable: study.json's `generator` names a library function `fn(folder) -> entries` that rebuilds
+the ledger from the study's committed raw per-cell metrics by today's code (`regenerate`); tests/test_ledgers.py
+compares each with the committed file, and `python -m scalelab.analysis.studies --write results/<study>` rewrites it.
+A study whose raw metrics today's code cannot read says so in `superseded`, and stays out of the decided table.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,17 +24,21 @@ from typing import Any
 import polars as pl
 
 from scalelab.analysis import claims as ledger_rules
+from scalelab.analysis.claims import verdict_of
 from scalelab.analysis.tables import md_table
 
 STUDY = "study.json"
 STUDY_FIELDS = ("name", "profile", "seeds", "commit", "command", "wall_time_s", "ledger")
+OPTIONAL_FIELDS = ("generator", "superseded")
 LEDGER = re.compile(r"(?:[\w.-]+/)*claims_([a-d])\.json")  # the ledger's file name says its method
+DECIDED = (ledger_rules.REPRODUCED, ledger_rules.CONTRADICTED)
 
 
 def read_study(folder: Path) -> dict:
     """One committed study: its study.json fields, its method (the ledger's letter) and ledger entries. Where the
     contract is not met, `entries` is None and `problem` says why in one line (the report lists it as such)."""
-    study: dict[str, Any] = {"name": folder.name, "method": None, "entries": None, "problem": None}
+    study: dict[str, Any] = {"name": folder.name, "method": None, "entries": None, "problem": None,
+                             "generator": None, "superseded": None}
     try:
         meta = json.loads((folder / STUDY).read_text())
         if missing := [f for f in STUDY_FIELDS if f not in meta]:
@@ -37,7 +50,8 @@ def read_study(folder: Path) -> dict:
         return study | {"problem": f"{os.path.relpath(e.filename, folder)} absent"}
     except (ValueError, TypeError, KeyError, AttributeError) as e:  # malformed JSON or fields: named, not raised
         return study | {"problem": str(e).replace(str(folder) + "/", "")}
-    return study | {k: meta[k] for k in STUDY_FIELDS} | {"method": m.group(1), "entries": entries}
+    return (study | {k: meta[k] for k in STUDY_FIELDS} | {k: meta.get(k) for k in OPTIONAL_FIELDS}
+            | {"method": m.group(1), "entries": entries})
 
 
 def committed_studies(results: Path) -> list[dict]:
@@ -45,25 +59,71 @@ def committed_studies(results: Path) -> list[dict]:
     return [read_study(f) for f in sorted(Path(results).iterdir()) if f.is_dir()] if Path(results).is_dir() else []
 
 
+def generator(spec: str):
+    """The function a study.json `generator` ("package.module:function") names."""
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"generator {spec!r} is not 'module:function'")
+    return getattr(importlib.import_module(module), name)
+
+
+def regenerate(folder: Path) -> list[dict]:
+    """The study's ledger rebuilt from its committed raw metrics by today's code (its study.json `generator`)."""
+    meta = json.loads((Path(folder) / STUDY).read_text())
+    if "generator" not in meta:
+        raise ValueError(f"{Path(folder).name}: {STUDY} names no generator of its ledger")
+    return generator(meta["generator"])(Path(folder))
+
+
+def write_ledger(folder: Path) -> Path:
+    """Regenerate the study's ledger and write it where its study.json says."""
+    meta = json.loads((Path(folder) / STUDY).read_text())
+    path = Path(folder) / meta["ledger"]
+    ledger_rules.write_claims(path, regenerate(folder))
+    return path
+
+
 def study_label(s: dict) -> str:
     seeds = ", ".join(map(str, s["seeds"])) if isinstance(s["seeds"], list) else s["seeds"]
     return f"{s['name']} (profile {s['profile']}, seeds {seeds}, commit {s['commit']})"
 
 
-def verdict_of(e: dict) -> str:
-    """The verdict without its reason: 'inconclusive (1 seed)' -> 'inconclusive'."""
-    return e["verdict"].split(" (")[0]
-
-
 def _fmt_effect(e: dict) -> str:
+    if e["effect"] is None:
+        return "–"
     return f"{e['effect']:+.4f}" + ("" if e["spread"] is None else f" ± {e['spread']:.4f}")
+
+
+def _paper(e: dict) -> str:
+    p = e["paper_effect"]
+    return "–" if p is None else f"{p:.4g}" if isinstance(p, float) else str(p)
+
+
+def _regime(e: dict) -> str:
+    """The regime in a table cell: this run's size and tokens per parameter beside the paper's."""
+    r = e["regime"]
+    here = []
+    if r.get("params"):
+        here.append(f"{r['params'] / 1e6:.3g}M params")
+    if r.get("tokens_per_param"):
+        here.append(f"{r['tokens_per_param']:.2g} tokens/param")
+    if r.get("paper_tokens_per_param"):
+        here.append(f"paper {r['paper_tokens_per_param']:g}")
+    return ", ".join(here) + f" ({r['scope']})"
+
+
+def _failed(e: dict) -> str:
+    return "; ".join(f"{p['name']} {ledger_rules._short(p['value'])} (need {p['need']})"
+                     for p in ledger_rules.failed(e["premises"]))
 
 
 def studies_frame(studies: list[dict]) -> pl.DataFrame:
     """One row per committed study: what it ran, where, and its verdicts (or why it has no ledger)."""
     def verdicts(s: dict) -> str:
-        return (", ".join(f"{n} {v}" for v, n in sorted(Counter(map(verdict_of, s["entries"])).items()))
-                if s["entries"] is not None else f"no ledger: {s['problem']}")
+        if s["entries"] is None:
+            return f"no ledger: {s['problem']}"
+        counts = ", ".join(f"{n} {v}" for v, n in sorted(Counter(map(verdict_of, s["entries"])).items()))
+        return counts + (f" (superseded: {s['superseded']})" if s.get("superseded") else "")
 
     return pl.DataFrame([{"study": s["name"], "method": s["method"] or "–", "profile": s.get("profile", "–"),
                           "seeds": len(s["seeds"]) if isinstance(s.get("seeds"), list) else None,
@@ -78,24 +138,65 @@ def studies_table(results: Path) -> str:
     return md_table(studies_frame(committed_studies(results)))
 
 
+def _main_entries(s: dict) -> list[dict]:
+    """A per-size entry (`<id>@<size>`) is left out where the study also has its pooled `<id>`; where it has none
+    (the compression study's `d.order.*@<ρ>` at one ρ), the per-size entry is the claim."""
+    pooled = {e["id"] for e in s["entries"] if "@" not in e["id"]}
+    return [e for e in s["entries"] if e["id"].split("@")[0] not in pooled or "@" not in e["id"]]
+
+
 def decided_table(results: Path) -> str:
-    """What the committed studies decided (README): every claim whose interval excludes 0, with the study that
-    decided it; per-size entries that a pooled entry sums up, and inconclusive claims, are counted below the table;
-    studies without a ledger named."""
+    """What the committed studies decided (README), grouped by verdict: the reproduced and the contradicted claims
+    with their effect beside the paper's, their regime and study; then the claims a failed premise left untested,
+    with that premise's measured value. Inconclusive entries are counted per study below; superseded studies and
+    folders without a ledger are named there and decide nothing."""
     studies = committed_studies(results)
-    rows = ["| claim | effect ± spread | seeds | verdict | study |", "|---|---|---|---|---|"]
+    live = [s for s in studies if s["entries"] is not None and not s.get("superseded")]
+    rows = {v: [(s, e) for s in live for e in _main_entries(s) if verdict_of(e) == v]
+            for v in (*DECIDED, ledger_rules.UNTESTED)}
+    out = []
+    for v in DECIDED:
+        out += [f"**{v.capitalize()}** ({len(rows[v])})", "",
+                "| claim | effect ± spread | paper | seeds | regime | study |", "|---|---|---|---|---|---|"]
+        out += [f"| {e['claim']} | {_fmt_effect(e)} | {_paper(e)} | {e['n_seeds']} | {_regime(e)} | {s['name']} |"
+                for s, e in rows[v]]
+        out.append("")
+    out += [f"**Untested: a premise failed** ({len(rows[ledger_rules.UNTESTED])})", "",
+            "| claim | failed premise | effect ± spread | study |", "|---|---|---|---|"]
+    out += [f"| {e['claim']} | {_failed(e)} | {_fmt_effect(e)} | {s['name']} |" for s, e in rows[ledger_rules.UNTESTED]]
     notes = []
     for s in studies:
         if s["entries"] is None:
             notes.append(f"{s['name']}: no ledger ({s['problem']})")
             continue
-        # a per-size entry (`<id>@<size>`) is left out where the study also has its pooled `<id>`; where it has
-        # none (the compression study's `d.order.*@<ρ>` at one ρ), the per-size entry is the claim
-        pooled = {e["id"] for e in s["entries"] if "@" not in e["id"]}
-        main = [e for e in s["entries"] if e["id"].split("@")[0] not in pooled or "@" not in e["id"]]
-        decided = [e for e in main if verdict_of(e) not in (ledger_rules.INCONCLUSIVE, "observation")]
-        rows += [f"| {e['claim']} | {_fmt_effect(e)} | {e['n_seeds']} | **{verdict_of(e)}** | "
-                 f"{s['name']} |" for e in decided]
-        notes.append(f"{study_label(s)}: {len(decided)} of {len(main)} claims decided, {len(main) - len(decided)} "
-                     f"inconclusive (every entry: results/{s['name']}/{s['ledger']})")
-    return "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+        main = _main_entries(s)
+        counts = Counter(map(verdict_of, main))
+        summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+        if s.get("superseded"):
+            notes.append(f"{study_label(s)}: superseded ({s['superseded']}); not in the tables ({summary})")
+        else:
+            notes.append(f"{study_label(s)}: {summary} (every entry: results/{s['name']}/{s['ledger']})")
+    return "\n".join(out) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scalelab.analysis.studies",
+                                 description="Regenerate committed studies' ledgers from their raw metrics.")
+    ap.add_argument("folders", nargs="*", type=Path, help="results/<study> folders (default: every one)")
+    ap.add_argument("--write", action="store_true", help="write each regenerated ledger where its study.json says")
+    args = ap.parse_args(argv)
+    folders = args.folders or [f for f in sorted(Path("results").iterdir()) if (f / STUDY).is_file()]
+    stale = 0
+    for folder in folders:
+        if args.write:
+            print(f"{folder}: wrote {write_ledger(folder)}")
+            continue
+        meta = json.loads((folder / STUDY).read_text())
+        same = json.loads(json.dumps(regenerate(folder))) == ledger_rules.read_claims(folder / meta["ledger"])
+        stale += not same
+        print(f"{folder}: {'matches' if same else 'differs from'} its committed ledger")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,6 +7,8 @@ from typing import Any
 
 import polars as pl
 
+from scalelab.analysis.claims import premises_text, regime_text
+
 MAX_ROWS = 40  # longer tables are cut in the report (the CSV beside it is whole)
 
 
@@ -35,8 +37,10 @@ def html_table(df: pl.DataFrame) -> str:
 
 
 def ledger_frame(entries: list[dict]) -> pl.DataFrame:
+    cols = ("claim", "metric", "effect ± spread", "paper", "seeds", "verdict", "regime", "premises", "published")
     return pl.DataFrame([{"claim": e["claim"], "metric": e["metric"],
                           "effect ± spread": _fmt(e["effect"]) + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
-                          "seeds": e["n_seeds"], "verdict": e["verdict"], "published": e["published"]}
-                         for e in entries], schema={k: pl.String for k in ("claim", "metric", "effect ± spread")}
-                        | {"seeds": pl.Int64, "verdict": pl.String, "published": pl.String})
+                          "paper": _fmt(e["paper_effect"]), "seeds": e["n_seeds"], "verdict": e["verdict"],
+                          "regime": regime_text(e["regime"]), "premises": premises_text(e["premises"]),
+                          "published": e["published"]} for e in entries],
+                        schema={k: pl.Int64 if k == "seeds" else pl.String for k in cols})

@@ -1,0 +1,136 @@
+"""Every committed ledger is what today's code derives from its study's committed raw metrics, and no entry claims
+more than its run showed: a failed premise always reads "untested", never reproduced or contradicted.
+
+The premises are what make a verdict testable (room to show the effect, the treatment acted, tuned hyperparameters
+interior, a budget near the paper's for a claim about the paper's regime); the rule that applies them lives in
+scalelab.analysis.claims alone, so switching it off is caught here by the regenerated ledgers (mutation checks)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mutants import mutant, mutation_checks
+from scalelab.analysis import claims, studies
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+FOLDERS = [f for f in sorted(RESULTS.iterdir()) if (f / studies.STUDY).is_file()]
+VERDICTS = {claims.REPRODUCED, claims.CONTRADICTED, claims.INCONCLUSIVE, claims.UNTESTED, "observation"}
+
+
+def _plain(x):
+    return json.loads(json.dumps(x))  # tuples -> lists, as the committed JSON holds them
+
+
+def _close(a, b, path=""):
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and not isinstance(b, bool):
+        assert b == pytest.approx(a, rel=1e-9, abs=1e-12, nan_ok=True), path
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def _ledger(folder: Path) -> list[dict]:
+    meta = json.loads((folder / studies.STUDY).read_text())
+    return claims.read_claims(folder / meta["ledger"])
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
+def test_the_committed_ledger_is_what_todays_code_derives_from_the_committed_cells(folder):
+    regenerated = _plain(studies.regenerate(folder))
+    committed = _ledger(folder)
+    assert [e["id"] for e in regenerated] == [e["id"] for e in committed]
+    for new, old in zip(regenerated, committed):
+        _close(new, old, new["id"])
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
+def test_no_entry_claims_more_than_its_premises_allow(folder):
+    for e in _ledger(folder):
+        verdict = claims.verdict_of(e)
+        assert verdict in VERDICTS, f"{e['id']}: verdict {e['verdict']!r}"
+        assert set(e["regime"]) == set(claims.REGIME_FIELDS), f"{e['id']}: no regime"
+        assert e["regime"]["paper"], f"{e['id']}: the paper's regime is not stated"
+        bad = claims.failed(e["premises"])
+        if bad:
+            assert verdict == claims.UNTESTED, f"{e['id']}: premise {bad[0]['name']} failed but it is {verdict}"
+            assert all(p["name"] in e["verdict"] for p in bad), e["verdict"]
+        else:
+            assert verdict != claims.UNTESTED, f"{e['id']}: untested with every premise holding"
+        if e["regime"]["scope"] == "paper":
+            assert any(p["name"] == "budget" for p in e["premises"]), f"{e['id']}: a paper-regime claim, no budget"
+        if verdict == claims.REPRODUCED:
+            assert e["spread"] is not None and e["n_seeds"] >= 2, f"{e['id']}: reproduced without an interval"
+
+
+def test_the_rule_applies_premises_before_the_interval():
+    reg = claims.regime("0.12B, 20 tokens/param", params=10_000, tokens=2_600, paper_tokens_per_param=20,
+                        scope="paper")
+    strong = [0.3, 0.31, 0.29]
+    room = claims.premise("room", 0.99, False, "the backbone closes <= 90% of the gap")
+    assert claims.claim("x", "x", "nats", strong, "p", regime=reg)["verdict"] == claims.REPRODUCED
+    assert claims.claim("x", "x", "nats", strong, "p", regime=reg, premises=[room])["verdict"] == "untested (room: 0.99)"
+    budget = claims.budget_premise(reg, 10)
+    assert not budget["passed"] and math.isclose(reg["ratio"], 0.013)
+    assert claims.verdict_of(claims.claim("x", "x", "nats", [-0.3, -0.31, -0.29], "p", regime=reg,
+                                          premises=[budget])) == claims.UNTESTED
+    # size, not only sign: a real gain wholly below the smallest effect of interest is contradicted
+    small = [0.010, 0.012, 0.011]
+    assert claims.claim("x", "x", "nats", small, "p", regime=reg)["verdict"] == claims.REPRODUCED
+    assert claims.claim("x", "x", "nats", small, "p", regime=reg, smallest_effect=0.05)["verdict"] == claims.CONTRADICTED
+    assert claims.claim("x", "x", "nats", [0.0, 0.1, 0.05], "p", regime=reg,
+                        smallest_effect=0.05)["verdict"] == claims.INCONCLUSIVE
+    # an external interval: no interval (a bound) is never a verdict
+    assert claims.interval_claim("x", "x", "x", 2.0, None, 3, "bound", "p", regime=reg)["verdict"].startswith(
+        claims.INCONCLUSIVE)
+    with pytest.raises(ValueError, match="regime"):
+        claims.claim("x", "x", "nats", strong, "p", regime=None)
+
+
+def test_the_decided_table_groups_by_verdict_and_names_the_failed_premise(tmp_path):
+    reg = claims.regime("paper regime", params=1_000_000, tokens=2_000_000)
+    entries = [claims.claim("a.win", "none is worse", "nats", [0.07, 0.08, 0.06], "p", regime=reg),
+               claims.claim("a.lose", "wd helps", "nats", [-0.07, -0.08, -0.06], "p", regime=reg),
+               claims.claim("a.untested", "wd_in helps", "nats", [-0.07, -0.08, -0.06], "p", regime=reg,
+                            premises=[claims.premise("γ moved", 0.001, False, "mean γ shrinks by > 1%")]),
+               claims.claim("a.flat", "flat", "nats", [0.07, -0.08, 0.01], "p", regime=reg)]
+    for name, superseded in (("s1", None), ("s0-old", "old code")):
+        folder = tmp_path / name
+        claims.write_claims(folder / "claims_a.json", entries)
+        (folder / "study.json").write_text(json.dumps(
+            {"name": name, "profile": "p", "seeds": [0, 1, 2], "commit": "abcdef0", "command": "c",
+             "wall_time_s": 1, "ledger": "claims_a.json"} | ({"superseded": superseded} if superseded else {})))
+    table = studies.decided_table(tmp_path)
+    lines = table.splitlines()
+    assert lines.index("**Reproduced** (1)") < lines.index("**Contradicted** (1)") < lines.index(
+        "**Untested: a premise failed** (1)")
+    assert "| wd_in helps | γ moved 0.001 (need mean γ shrinks by > 1%) |" in table
+    assert "s0-old (profile p, seeds 0, 1, 2, commit abcdef0): superseded (old code)" in table
+    assert sum(" | s0-old |" in line for line in lines) == 0  # a superseded study decides nothing
+
+
+@mutant("ledger-premises-ignored")
+def _(monkeypatch):
+    monkeypatch.setattr(claims, "untested_reason", lambda premises: None)
+
+
+def _with_failed_premise(folder: Path) -> bool:
+    try:
+        return any(not p["passed"] for e in _ledger(folder) for p in e["premises"])
+    except (ValueError, KeyError):  # a ledger in an older format: its regeneration test reports it
+        return False
+
+
+L = "tests/test_ledgers.py::"
+test_switching_off_the_premises_is_caught = mutation_checks(
+    [("ledger-premises-ignored", L + "test_the_rule_applies_premises_before_the_interval")]
+    + [("ledger-premises-ignored", L + "test_the_committed_ledger_is_what_todays_code_derives_from_the_committed_"
+        f"cells[{f.name}]") for f in FOLDERS if _with_failed_premise(f)])
