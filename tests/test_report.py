@@ -16,6 +16,13 @@ from mutants import mutant, mutation_checks
 
 from scalelab.analysis import claims, report
 
+REGIME = claims.regime("0.12B Llama, 20-80 tokens/param", params=1000, tokens=40)
+
+
+def _claim(*args, **kwargs):
+    return claims.claim(*args, regime=REGIME, **kwargs)
+
+
 CELLS = [{"name": f"{v}-s-base-{seed}", "variant": v, "size": "s", "seed": seed}
          for v in ("standard", "unified") for seed in (0, 1)]
 
@@ -29,9 +36,9 @@ def _eval_json(loss: float, acc: float) -> dict:
 @pytest.fixture
 def outs(tmp_path):
     """What the other stages would have written: scale-vector claims and summary, curves, evaluations."""
-    entries = [claims.claim("a.unified", "unified beats standard", "val_loss", [0.03, 0.05, 0.04], "−0.05 (1.3B)"),
-               claims.claim("a.none", "none is worse than standard", "val_loss", [-0.2, -0.25, -0.22], "+0.1"),
-               claims.claim("a.wd_in", "decay on input scales helps", "val_loss", [0.01], "−0.01")]
+    entries = [_claim("a.unified", "unified beats standard", "val_loss", [0.03, 0.05, 0.04], "−0.05 (1.3B)"),
+               _claim("a.none", "none is worse than standard", "val_loss", [-0.2, -0.25, -0.22], "+0.1"),
+               _claim("a.wd_in", "decay on input scales helps", "val_loss", [0.01], "−0.01")]
     claims.write_claims(tmp_path / "metrics/claims_a.json", entries)
     (tmp_path / "data/scaling").mkdir(parents=True)
     pl.DataFrame({"recipe": ["base"] * 2, "variant": ["standard", "unified"], "size": ["s", "s"],
@@ -65,11 +72,11 @@ def studies(tmp_path):
     """This run's scale-vector ledger (one seed) and results/: a decided study, four that break the contract."""
     root = tmp_path
     claims.write_claims(root / "metrics/claims_a.json",
-                        [claims.claim("a.wd_in", "decay on input scales helps", "val_loss", [0.01], "−0.01")])
-    decided = [claims.claim("base.none_hurts", "base: none is worse than standard", "val_loss", [0.07, 0.08, 0.06],
+                        [_claim("a.wd_in", "decay on input scales helps", "val_loss", [0.01], "−0.01")])
+    decided = [_claim("base.none_hurts", "base: none is worse than standard", "val_loss", [0.07, 0.08, 0.06],
                             "+0.1"),
-               claims.claim("base.none_hurts@s", "base: none is worse at size s", "val_loss", [0.07, 0.08, 0.06], "+0.1"),
-               claims.claim("base.unified_helps", "base: unified is better", "val_loss", [0.01, -0.02, 0.015], "−0.05")]
+               _claim("base.none_hurts@s", "base: none is worse at size s", "val_loss", [0.07, 0.08, 0.06], "+0.1"),
+               _claim("base.unified_helps", "base: unified is better", "val_loss", [0.01, -0.02, 0.015], "−0.05")]
     _study(root, "a-study", decided)
     _study(root, "b-no-seeds", decided, drop="seeds")
     _study(root, "c-no-ledger-file", None)
@@ -103,9 +110,10 @@ def test_the_readme_table_lists_what_the_studies_decided(studies):
     root, _ = studies
     table = decided_table(root / "results")
     rows = [r for r in table.splitlines() if r.startswith("| base")]
-    assert rows == [f"| base: none is worse than standard | +0.0700 ± {claims.t_interval([0.07, 0.08, 0.06])[2] - 0.07:.4f}"
-                    " | 3 | **reproduced** | a-study |"]  # per-size and inconclusive entries are counted, not listed
-    assert "a-study (profile configs/cpu-study.yaml, seeds 0, 1, 2, commit 951c18e): 1 of 2 claims decided" in table
+    half = claims.t_interval([0.07, 0.08, 0.06])[2] - 0.07
+    assert rows == [f"| base: none is worse than standard | +0.0700 ± {half:.4f} | – | 3 | 0.001M params, 0.04 "
+                    "tokens/param (small-scale) | a-study |"]  # per-size and inconclusive entries are counted, not listed
+    assert "a-study (profile configs/cpu-study.yaml, seeds 0, 1, 2, commit 951c18e): 1 inconclusive, 1 reproduced" in table
     assert "e-in-progress: no ledger (study.json absent)" in table
 
 
@@ -115,14 +123,14 @@ def test_a_per_size_entry_without_a_pooled_one_is_the_claim(tmp_path):
     from scalelab.analysis.studies import decided_table
 
     _study(tmp_path, "compression", [
-        claims.claim("d.order.svd_llm.asvd@0.75", "SVD-LLM < ASVD at 0.75", "nats", [3.0, 3.2], "7.94 vs 11.14"),
-        claims.claim("d.erank", "erank goes with loss", "rho", [0.5, 0.52], "qualitative"),
-        claims.claim("d.erank@0.75", "erank goes with loss at 0.75", "rho", [0.5, 0.52], "qualitative")],
+        _claim("d.order.svd_llm.asvd@0.75", "SVD-LLM < ASVD at 0.75", "nats", [3.0, 3.2], "7.94 vs 11.14"),
+        _claim("d.erank", "erank goes with loss", "rho", [0.5, 0.52], "qualitative"),
+        _claim("d.erank@0.75", "erank goes with loss at 0.75", "rho", [0.5, 0.52], "qualitative")],
         ledger="metrics/claims_d.json")
     table = decided_table(tmp_path / "results")
     assert "| SVD-LLM < ASVD at 0.75 |" in table and "| erank goes with loss |" in table
     assert "at 0.75 | +" not in table.replace("SVD-LLM < ASVD at 0.75 | +", "")
-    assert "2 of 2 claims decided" in table
+    assert "**Reproduced** (2)" in table and ": 2 reproduced (every entry" in table
 
 
 def test_report_gathers_the_ledger_and_says_what_did_not_run(outs):

@@ -239,15 +239,16 @@ def premises_text(premises: Sequence[dict]) -> str:
 
 
 def markdown(entries: Sequence[dict]) -> str:
-    """The ledger as a markdown table: effect ± spread beside the paper's, seeds, verdict, regime, premises."""
+    """The ledger as a markdown table: effect ± spread beside the paper's, seeds, verdict, regime, premises, and the
+    paper's statement."""
     def num(x: float | None) -> str:
         return "–" if x is None else f"{x:+.4f}"
 
-    rows = ["| claim | metric | effect ± spread | paper | seeds | verdict | regime | premises |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| claim | metric | effect ± spread | paper | seeds | verdict | regime | premises | published |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         spread = "" if e["spread"] is None else f" ± {e['spread']:.4f}"
         paper = "–" if e["paper_effect"] is None else _short(e["paper_effect"])
         rows.append(f"| {e['claim']} | {e['metric']} | {num(e['effect'])}{spread} | {paper} | {e['n_seeds']} | "
-                    f"**{e['verdict']}** | {regime_text(e['regime'])} | {premises_text(e['premises'])} |")
+                    f"**{e['verdict']}** | {regime_text(e['regime'])} | {premises_text(e['premises'])} | {e['published']} |")
     return "\n".join(rows)
