@@ -90,10 +90,15 @@ def test_the_report_shows_the_committed_studies_beside_this_run(studies):
     m = report.build(root, root / "data/report", cells=CELLS, eval_names=[], plots_csv=root / "c.csv")
     md = (root / "data/report/report.md").read_text()
     label = "a-study (profile configs/cpu-study.yaml, seeds 0, 1, 2, commit 951c18e)"
-    section_a = md[md.index("### A. "):md.index("### B. ")]
-    # this run's ledger first, then the committed study's, both under method A, the study labelled
-    assert section_a.index("decay on input scales helps") < section_a.index(f"Committed study {label}")
-    assert claims.markdown(decided) in section_a and "made by `make repro`" in section_a
+    # the first screen: one card per paper, the committed study's decided claims with verdict and regime
+    first = md[:md.index("This run: ")]
+    card_a = first[first.index("### Scale vectors"):first.index("### Optimizers")]
+    assert "- **reproduced**: base: none is worse than standard: +0.07" in card_a and "(a-study)" in card_a
+    assert "base: unified is better" not in card_a  # inconclusive: not a headline when decided ones exist
+    assert first.count("no committed study yet") == 3  # B, C, D have none here
+    # then this run's ledger, then every committed study's ledger whole, labelled
+    assert md.index("decay on input scales helps") < md.index(f"Committed study {label}")
+    assert claims.markdown(decided) in md and "made by `make repro`" in md
     assert m["studies"] == {"a-study": {"reproduced": 2, "inconclusive": 1}, "b-no-seeds": "no ledger",
                             "c-no-ledger-file": "no ledger", "d-bad-ledger-name": "no ledger",
                             "e-in-progress": "no ledger"}
@@ -233,3 +238,26 @@ test_the_study_checks_catch = mutation_checks([
     ("report-ignores-studies", "tests/test_report.py::test_the_report_shows_the_committed_studies_beside_this_run"),
     ("study-contract-unchecked", "tests/test_report.py::test_the_report_shows_the_committed_studies_beside_this_run"),
 ])
+
+
+def test_the_first_screen_shows_a_card_per_paper_in_a_browser(studies):
+    """The page as a reader opens it (headless Chromium, a laptop's 1280x800 window): the four papers' cards are all on
+    the first screen, each verdict readable, before any of this run's tables."""
+    from test_ui import _browser
+
+    root, _ = studies
+    report.build(root, root / "data/report", cells=CELLS, eval_names=[], plots_csv=root / "c.csv")
+    browser = _browser()
+    try:
+        browser.set_window_size(1280, 800)
+        browser.get((root / "data/report/report.html").as_uri())
+        height = browser.execute_script("return window.innerHeight")
+        cards = browser.find_elements("css selector", "section.card")
+        assert [c.get_attribute("id") for c in cards] == ["card-a", "card-b", "card-c", "card-d"]
+        for c in cards:
+            assert c.rect["y"] + c.rect["height"] <= height, f"{c.get_attribute('id')} is below the first screen"
+        assert "reproduced" in cards[0].text and "base: none is worse than standard" in cards[0].text
+        first_table = browser.find_elements("css selector", "table")
+        assert not first_table or first_table[0].rect["y"] >= cards[-1].rect["y"] + cards[-1].rect["height"]
+    finally:
+        browser.quit()

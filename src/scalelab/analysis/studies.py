@@ -29,7 +29,7 @@ from scalelab.analysis.tables import md_table
 
 STUDY = "study.json"
 STUDY_FIELDS = ("name", "profile", "seeds", "commit", "command", "wall_time_s", "ledger")
-OPTIONAL_FIELDS = ("generator", "superseded")
+OPTIONAL_FIELDS = ("generator", "superseded", "headline", "figure")  # the last two: the report's cards
 LEDGER = re.compile(r"(?:[\w.-]+/)*claims_([a-d])\.json")  # the ledger's file name says its method
 DECIDED = (ledger_rules.REPRODUCED, ledger_rules.CONTRADICTED)
 
@@ -37,8 +37,8 @@ DECIDED = (ledger_rules.REPRODUCED, ledger_rules.CONTRADICTED)
 def read_study(folder: Path) -> dict:
     """One committed study: its study.json fields, its method (the ledger's letter) and ledger entries. Where the
     contract is not met, `entries` is None and `problem` says why in one line (the report lists it as such)."""
-    study: dict[str, Any] = {"name": folder.name, "method": None, "entries": None, "problem": None,
-                             "generator": None, "superseded": None}
+    study: dict[str, Any] = {"name": folder.name, "method": None, "entries": None, "problem": None}
+    study |= dict.fromkeys(OPTIONAL_FIELDS)
     try:
         meta = json.loads((folder / STUDY).read_text())
         if missing := [f for f in STUDY_FIELDS if f not in meta]:

@@ -42,5 +42,6 @@ def ledger_frame(entries: list[dict]) -> pl.DataFrame:
                           "effect ± spread": _fmt(e["effect"]) + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
                           "paper": _fmt(e["paper_effect"]), "seeds": e["n_seeds"], "verdict": e["verdict"],
                           "regime": regime_text(e["regime"]), "premises": premises_text(e["premises"]),
-                          "published": e["published"]} for e in entries],
+                          "published": "as above" if i and e["published"] == entries[i - 1]["published"]
+                          else e["published"]} for i, e in enumerate(entries)],
                         schema={k: pl.Int64 if k == "seeds" else pl.String for k in cols})
