@@ -1,31 +1,28 @@
-"""The committed reference study (results/cpu-study, issue 7): it holds every cell its params name, and its ledger and
+"""The committed scale-vector studies: results/cpu-study holds every cell its params name, and its ledger and
 scaling fits follow from those cells' committed metrics under its own params (the summary is deterministic: the
-bootstrap draws from a fixed seed). The cells themselves reproduce by rerunning the profile (results/cpu-study/README.md)."""
+bootstrap draws from a fixed seed); results/gamma-wd-dose's ledger follows from its runs.jsonl. The cells themselves
+reproduce by rerunning the profile (results/cpu-study/README.md). Each ledger entry carries its regime and premises:
+a weight-decay claim whose decay did not move γ, or moved it under a per-step pull far from the paper's, is untested."""
 
+import importlib
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-import yaml
-
-from scalelab.config import machine, parse_params
-from scalelab.analysis import claims_a, scaling, studies
+from scalelab.analysis import claims, claims_a, premises_a, scaling, studies
 
 STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study"
+DOSE = STUDY.parent / "gamma-wd-dose"
 
 
-# The sections the scale-vector ledger reads. The study ran at commit 951c18e, under that commit's schema: its other
-# sections (optimizer benchmark, Hidden Decoding, compression) have since gained or lost keys, and its machine settings
-# sat inline; reproducing the whole study means checking out its commit (results/cpu-study/README.md).
-LEDGER_SECTIONS = ("seed", "tracking", "prepare", "tokenizer", "tokenize", "model", "optim", "pretrain", "scaling")
-
-
+# The study ran at commit 951c18e, under that commit's schema: the ledger reads its params' scale-vector sections
+# (premises_a.LEDGER_SECTIONS); its other sections have since gained or lost keys, and its machine settings sat inline;
+# reproducing the whole study means checking out its commit (results/cpu-study/README.md).
 @pytest.fixture(scope="module")
 def study():
-    raw = yaml.safe_load((STUDY / "params.yaml").read_text())
-    params = parse_params(machine.split({k: v for k, v in raw.items() if k in LEDGER_SECTIONS})[0])
+    params = premises_a.study_params(STUDY)
     cells = scaling.collect(STUDY / "metrics" / "pretrain", scaling.grid_cells(params.pretrain.grid))
     return params, cells
 
@@ -66,6 +63,7 @@ def test_the_committed_ledger_and_fits_follow_from_the_committed_cells(study):
     committed = json.loads((STUDY / "metrics" / "claims_a.json").read_text())
     assert [e["id"] for e in entries] == [e["id"] for e in committed]
     _close(entries, committed, "claims")
+    _close(entries, _plain(claims_a.cpu_study(STUDY)), "generator")  # study.json's generator: the same ledger
     _close(_plain({v: f.row() for v, f in fits.items()}),
            json.loads((STUDY / "metrics" / "scaling.json").read_text())["fits"], "fits")
 
@@ -75,6 +73,42 @@ def test_the_recipe_table_is_the_committed_ledgers():
     that show it carry it as a generated block: tests/test_docs.py)."""
     committed = json.loads((STUDY / "metrics" / "claims_a.json").read_text())
     assert (STUDY / "scaling" / "claims_a_by_recipe.md").read_text().strip() == claims_a.recipe_table(committed)
+    assert (STUDY / "scaling" / "claims_a.md").read_text().strip() == claims.markdown(committed)
+
+
+def test_the_dose_study_follows_from_its_runs():
+    rows = [json.loads(line) for line in (DOSE / "runs.jsonl").read_text().splitlines()]
+    params = premises_a.study_params(DOSE)
+    assert json.loads((DOSE / "dose_table.json").read_text()) == _plain(claims_a.dose_table(rows, params.scaling.level))
+    entries = _plain(claims_a.gamma_wd_dose(DOSE))
+    committed = json.loads((DOSE / "claims_a.json").read_text())
+    assert [e["id"] for e in entries] == [e["id"] for e in committed]
+    _close(entries, committed, "claims")
+
+
+def test_every_decay_claim_is_decided_only_where_the_decay_moved_gamma_near_the_papers_pull():
+    """Each weight-decay entry of both studies carries the measured γ moved and per-step pull premises: where either
+    fails it is untested (never reproduced or contradicted) with that premise named; at the matrices' rate over 300
+    steps (cpu-study) the decayed γ shrink by under 0.05 in every recipe but WSD; the dose study's 10x moves γ at a
+    pull 10x the paper's."""
+    led = {e["id"]: e for e in json.loads((STUDY / "metrics" / "claims_a.json").read_text())}
+    led |= {e["id"]: e for e in json.loads((DOSE / "claims_a.json").read_text())}
+    decay = [e for i, e in led.items() if "wd_" in i]
+    assert len(decay) == 2 * 5 + 1 + 2
+    for e in decay:
+        premises = {p["name"]: p for p in e["premises"]}
+        assert {"γ moved", "per-step pull"} <= set(premises), e["id"]
+        bad = [p["name"] for p in claims.failed(e["premises"])]
+        verdict = claims.verdict_of(e)
+        assert (verdict == claims.UNTESTED) == bool(bad), e["id"]
+        assert all(f"{name}: " in e["verdict"] for name in bad), e["id"]
+        if "wd_in" in e["id"]:  # the final norm is decayed with the input-norm γ: untested whatever γ did
+            assert "final norm" in bad, e["id"]
+    assert not led["base.wd_out_hurts"]["premises"][0]["passed"] and led["wsd.wd_out_hurts"]["premises"][0]["passed"]
+    assert led["wsd.wd_out_hurts"]["verdict"] == claims.INCONCLUSIVE
+    dose = led["dose.wd_out_hurts"]
+    assert "at 10x" in dose["claim"] and dose["verdict"].startswith("untested (per-step pull: λ·η 0.003, 10x")
+    assert dose["regime"]["steps"] == 80 and dose["regime"]["params"] == led["base.none_hurts@xs"]["regime"]["params"]
 
 
 def test_every_committed_study_meets_the_study_contract():
@@ -88,3 +122,6 @@ def test_every_committed_study_meets_the_study_contract():
         assert s["problem"] is None, f"{folder.name}: {s['problem']}"
         assert s["name"] == folder.name and isinstance(s["seeds"], list) and s["entries"], folder.name
         assert isinstance(s["wall_time_s"], (int, float)) and re.fullmatch(r"[0-9a-f]{7,40}", s["commit"]), folder.name
+    for folder in (STUDY, DOSE):  # the scale-vector studies name the function that re-derives their ledger
+        module, _, name = json.loads((folder / studies.STUDY).read_text())["generator"].partition(":")
+        assert getattr(importlib.import_module(module), name) in (claims_a.cpu_study, claims_a.gamma_wd_dose)

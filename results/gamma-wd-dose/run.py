@@ -62,7 +62,7 @@ def main(params_path: str, size: str, seeds: list[int]) -> None:
             with done.open("a") as f:
                 f.write(json.dumps(rows[-1]) + "\n")
     level = params.scaling.level
-    table, entries = claims_a.dose_table(rows, level), claims_a.dose_claims(rows, level=level)
+    table, entries = claims_a.dose_table(rows, level), claims_a.gamma_wd_dose(HERE)  # the ledger from runs.jsonl
     trained = len(rows) - before
     rows = [r for r in rows if r["size"] == size and r["seed"] in seeds]
     (HERE / "dose_table.json").write_text(json.dumps(table, indent=1))

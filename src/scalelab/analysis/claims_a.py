@@ -1,28 +1,37 @@
-"""The claims ledger of METHODS §A (scale vectors), built from the pretrain cells by the rules of evaluate/claims.py.
+"""The claims ledger of the scale-vector study, built from the pretrain cells (or the γ weight-decay dose runs) by the
+rule of scalelab.analysis.claims; each entry's regime and premises come from scalelab.analysis.premises_a.
 
 Every ordering claim compares two variants of one recipe, paired by seed (cells of one seed see the same batches):
 for each seed, the loss difference at every size of the recipe that both variants have, averaged over those sizes,
 oriented so that positive is the claim's direction; then the t rule of `claims.claim` on those per-seed values. The
-headline orderings of the base recipe are also given per size ("at every size", METHODS §A). The scaling claim
-compares fitted exponents: a bootstrap over seeds, the same resampled seeds for both variants, and only when both
-pooled fits are identified (scalelab.analysis.powerlaw). Sharpness compares log top eigenvalues of the
-cross-entropy Hessian taken in the folded plain-weight parameterization (train/callbacks.py `Sharpness`), so values
-are comparable across variants.
+headline orderings of the base recipe are also given per size ("at every size"). The scaling claim compares fitted
+exponents per seed, only when every fit is identified (scalelab.analysis.powerlaw). Sharpness compares log top
+eigenvalues of the cross-entropy Hessian taken in the folded plain-weight parameterization (train/callbacks.py
+`Sharpness`), so values are comparable across variants. Premises come first: a weight-decay claim is testable only
+where the decay moved γ under a per-step pull near the paper's (and, on input-norm γ, without the final norm's);
+a claim about γ's structure only where the treated γ left its init.
 
-The paper's numbers are not in METHODS §A, so `published` quotes its stated ordering ("ordering only").
+Smallest effect of interest: 0 for every claim here. The paper states orderings, not sizes, so any effect in the
+claim's direction counts and "contradicted" means an interval wholly on the wrong side; a threshold of our own
+would turn small effects in the stated direction into contradictions of a claim that never named a size.
+
+The paper's numbers are not quoted, so `published` quotes its stated ordering ("ordering only").
 """
 
 from __future__ import annotations
 
+import json
 import math
-import statistics
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from scalelab.config import Params
+from scalelab.analysis import claims, premises_a, scaling
 from scalelab.analysis.claims import NO_VARIANCE, claim, interval_claim, no_seed_variance, t_interval
 from scalelab.analysis.powerlaw import Fit, fit_power_law
+from scalelab.analysis.premises_a import Cells, dose_table  # dose_table: the dose study reads its table here
 from scalelab.analysis.scaling import seed_matrix
 
 SOURCE = "arXiv 2605.26895 as quoted in METHODS §A; no number there"
@@ -35,107 +44,94 @@ PUB_SCALING = f'ordering only: union "with better scaling" ({SOURCE})'
 PUB_SHARP = ('none: METHODS §A names the top Hessian eigenvalue "the sharpness the WD claim speaks of"; that decay '
              'on input scales lowers it is our reading')
 
-# (key, claim, worse variant, better variant, published); `{out}` names the recipe's output-norm γ
+# (key, claim, worse variant, better variant, published, treated variant); `{out}` names the recipe's output-norm γ.
+# The treated variant's γ carry the premises: its decay moved them (wd_*), or they left init (the others).
 ORDERINGS = (
-    ("none_hurts", "no scale vectors (none) is worse than standard", "none", "standard", PUB_NONE),
-    ("unified_helps", "unified is better than standard", "standard", "unified", PUB_UNION),
-    ("wd_in_helps", "weight decay on input-norm γ (wd_in) is better than standard", "standard", "wd_in", PUB_WD),
-    ("branch_helps", "per-branch γ (branch) is better than standard", "standard", "branch", PUB_IMPROVE),
-    ("placement_helps", "two-sided placement is better than standard", "standard", "placement", PUB_IMPROVE),
-    ("magdir_helps", "magnitude-direction γ (magdir) is better than standard", "standard", "magdir", PUB_IMPROVE),
+    ("none_hurts", "no scale vectors (none) is worse than standard", "none", "standard", PUB_NONE, "standard"),
+    ("unified_helps", "unified is better than standard", "standard", "unified", PUB_UNION, "unified"),
+    ("wd_in_helps", "weight decay on input-norm γ (wd_in) is better than standard", "standard", "wd_in", PUB_WD,
+     "wd_in"),
+    ("branch_helps", "per-branch γ (branch) is better than standard", "standard", "branch", PUB_IMPROVE, "branch"),
+    ("placement_helps", "two-sided placement is better than standard", "standard", "placement", PUB_IMPROVE,
+     "placement"),
+    ("magdir_helps", "magnitude-direction γ (magdir) is better than standard", "standard", "magdir", PUB_IMPROVE,
+     "magdir"),
     ("wd_out_hurts", "weight decay on output-norm γ ({out}) (wd_out) is worse than standard", "wd_out", "standard",
-     PUB_WD),
+     PUB_WD, "wd_out"),
 )
+DECAY_CLAIMS = ("wd_in_helps", "wd_out_hurts")  # the claims about decay on γ: decided only where it moved γ
 PER_SIZE = ("none_hurts", "unified_helps")  # the headline orderings, also checked at every size of the base recipe
-
-
-class Losses:
-    """Final validation loss (and sharpness) of every cell, indexed for paired lookups."""
-
-    def __init__(self, cells: pl.DataFrame) -> None:
-        self.cells = cells
-        self.loss = {(r["recipe"], r["variant"], r["size"], r["seed"]): r["val_loss"]
-                     for r in cells.iter_rows(named=True)}
-        # a power iteration that did not reach its tolerance gives no value (cells written before the flag: kept)
-        self.sharp = {(r["recipe"], r["variant"], r["size"], r["seed"]): r["sharpness"]
-                      for r in cells.iter_rows(named=True) if r.get("sharpness_converged") is not False}
-
-    def axes(self, recipe: str) -> tuple[list[str], list[str], list[int]]:
-        """Variants, sizes (by N) and seeds of a recipe."""
-        g = self.cells.filter(pl.col("recipe") == recipe)
-        sizes = g.group_by("size").agg(pl.col("non_embedding_params").min()).sort("non_embedding_params")
-        return (g["variant"].unique(maintain_order=True).to_list(), sizes["size"].to_list(),
-                sorted(g["seed"].unique().to_list()))
-
-    def per_seed(self, recipe: str, diff, sizes: list[str] | None = None) -> list[float]:
-        """For each seed of `recipe`, the mean over sizes of `diff(size, seed)`; a seed counts only where every
-        size gives a value (the same sizes for every seed: differences are paired)."""
-        _, all_sizes, seeds = self.axes(recipe)
-        sizes = sizes or all_sizes
-        out = []
-        for seed in seeds:
-            values = [diff(size, seed) for size in sizes]
-            if all(v is not None and math.isfinite(v) for v in values):
-                out.append(statistics.fmean(values))
-        return out
-
-    def gap(self, recipe: str, worse: str, better: str):
-        def diff(size: str, seed: int) -> float | None:
-            w, b = self.loss.get((recipe, worse, size, seed)), self.loss.get((recipe, better, size, seed))
-            return None if w is None or b is None else w - b
-        return diff
 
 
 def _sizes_text(sizes: list[str]) -> str:
     return f"size {sizes[0]}" if len(sizes) == 1 else f"mean over sizes {','.join(sizes)}"
 
 
-def ordering_claims(losses: Losses, recipe: str, out_gammas: str, level: float) -> list[dict]:
-    variants, sizes, _ = losses.axes(recipe)
+def decay_premises(cells: Cells, params: Params, recipe: str, variant: str, sizes: list[str],
+                   level: float) -> list[dict]:
+    """A decay claim's premises from the cells: γ moved, the per-step pull, and (decay on input-norm γ) the final
+    norm's."""
+    scale = params.model.variants[variant]
+    out = [premises_a.cells_moved(cells, params, recipe, variant, sizes, level),
+           premises_a.pull_premise(premises_a.scale_pull(params, recipe), params.pretrain.total_steps())]
+    return out + ([premises_a.final_norm_premise(scale, "the cells")] if scale.wd_input_scales else [])
+
+
+def _premises(cells: Cells, params: Params, recipe: str, key: str, treated: str, sizes: list[str],
+              level: float) -> list[dict]:
+    if key in DECAY_CLAIMS:
+        return decay_premises(cells, params, recipe, treated, sizes, level)
+    return [cells.left_init(recipe, treated, sizes)]
+
+
+def ordering_claims(cells: Cells, params: Params, recipe: str, level: float) -> list[dict]:
+    variants, sizes, _ = cells.axes(recipe)
+    out_gammas = output_gammas(params, recipe)
     entries = []
-    for key, text, worse, better, published in ORDERINGS:
+    for key, text, worse, better, published, treated in ORDERINGS:
         if worse not in variants or better not in variants:
             continue
-        metric = f"final val loss difference (nats), paired by seed, {_sizes_text(sizes)}"
-        entries.append(claim(f"{recipe}.{key}", f"{recipe}: {text.format(out=out_gammas)}", metric,
-                             losses.per_seed(recipe, losses.gap(recipe, worse, better)), published, level))
-        if recipe == "base" and key in PER_SIZE and len(sizes) > 1:
-            for size in sizes:
-                entries.append(claim(f"{recipe}.{key}@{size}",
-                                     f"{recipe}: {text.format(out=out_gammas)} at size {size}",
-                                     f"final val loss difference (nats), paired by seed, size {size}",
-                                     losses.per_seed(recipe, losses.gap(recipe, worse, better), [size]),
-                                     published, level))
+        per_size = recipe == "base" and key in PER_SIZE and len(sizes) > 1
+        for at, where in [("", sizes)] + ([(s, [s]) for s in sizes] if per_size else []):
+            entries.append(claim(f"{recipe}.{key}" + (f"@{at}" if at else ""),
+                                 f"{recipe}: {text.format(out=out_gammas)}" + (f" at size {at}" if at else ""),
+                                 f"final val loss difference (nats), paired by seed, {_sizes_text(where)}",
+                                 cells.per_seed(recipe, cells.gap(recipe, worse, better), where), published, level,
+                                 regime=cells.regime(params, recipe, (worse, better), where),
+                                 premises=_premises(cells, params, recipe, key, treated, where, level)))
     if "unified" in variants and len(variants) > 1:
         others = [v for v in variants if v != "unified"]
 
         def margin(size: str, seed: int) -> float | None:
-            u = losses.loss.get((recipe, "unified", size, seed))
-            rest = [losses.loss.get((recipe, v, size, seed)) for v in others]
+            u = cells.loss.get((recipe, "unified", size, seed))
+            rest = [cells.loss.get((recipe, v, size, seed)) for v in others]
             return None if u is None or None in rest else min(rest) - u
 
         entries.append(claim(f"{recipe}.unified_best", f"{recipe}: unified is the best variant ({', '.join(others)})",
                              f"best other variant's final val loss − unified's (nats), paired by seed, "
-                             f"{_sizes_text(sizes)}", losses.per_seed(recipe, margin), PUB_UNION, level))
+                             f"{_sizes_text(sizes)}", cells.per_seed(recipe, margin), PUB_UNION, level,
+                             regime=cells.regime(params, recipe, tuple(variants), sizes),
+                             premises=[cells.left_init(recipe, "unified", sizes)]))
     return entries
 
 
-def sharpness_claim(losses: Losses, recipe: str, level: float) -> list[dict]:
-    variants, sizes, _ = losses.axes(recipe)
+def sharpness_claim(cells: Cells, params: Params, recipe: str, level: float) -> list[dict]:
+    variants, sizes, _ = cells.axes(recipe)
     if "wd_in" not in variants or "standard" not in variants:
         return []
 
     def log_ratio(size: str, seed: int) -> float | None:
-        s, w = losses.sharp.get((recipe, "standard", size, seed)), losses.sharp.get((recipe, "wd_in", size, seed))
+        s, w = cells.sharp.get((recipe, "standard", size, seed)), cells.sharp.get((recipe, "wd_in", size, seed))
         return None if not s or not w or s <= 0 or w <= 0 else math.log(s) - math.log(w)
 
-    diffs = losses.per_seed(recipe, log_ratio)
+    diffs = cells.per_seed(recipe, log_ratio)
     if not diffs:
         return []
     return [claim(f"{recipe}.sharpness_wd_in", f"{recipe}: weight decay on input-norm γ lowers sharpness",
                   "log λ_max(standard) − log λ_max(wd_in), top Hessian eigenvalue of the CE on a fixed batch in the "
                   f"folded plain-weight parameterization (comparable across variants), {_sizes_text(sizes)}",
-                  diffs, PUB_SHARP, level)]
+                  diffs, PUB_SHARP, level, regime=cells.regime(params, recipe, ("standard", "wd_in"), sizes),
+                  premises=decay_premises(cells, params, recipe, "wd_in", sizes, level))]
 
 
 def scaling_claim(cells: pl.DataFrame, fits: dict[str, Fit], params: Params) -> list[dict]:
@@ -169,9 +165,13 @@ def scaling_claim(cells: pl.DataFrame, fits: dict[str, Fit], params: Params) -> 
             "fit is identified (dof > 0, α inside its bounds, A > 0); 1 seed inconclusive; identical differences over "
             "seeds (zero spread: a degenerate t interval) inconclusive")
     effect = float(np.mean(diffs)) if interval else fu.law.alpha - fs.law.alpha
+    index = Cells(cells)
+    sizes = index.axes("base")[1]
     return [interval_claim("base.alpha_unified", "base: unified scales better than standard (larger α)",
                            f"α of L(N) = E + A·N^-α (non-embedding N), fits over {fu.n_sizes} sizes",
-                           effect, interval, len(seeds), rule, PUB_SCALING, "; ".join(problems) or None)]
+                           effect, interval, len(seeds), rule, PUB_SCALING, "; ".join(problems) or None,
+                           regime=index.regime(params, "base", ("standard", "unified"), sizes),
+                           premises=[index.left_init("base", "unified", sizes)])]
 
 
 def output_gammas(params: Params, recipe: str) -> str:
@@ -183,14 +183,14 @@ def output_gammas(params: Params, recipe: str) -> str:
 
 
 def ledger(cells: pl.DataFrame, fits: dict[str, Fit], params: Params) -> list[dict]:
-    """Every §A claim that the grid has cells for: per recipe the orderings, then sharpness and scaling."""
-    losses, level = Losses(cells), params.scaling.level
+    """Every scale-vector claim that the grid has cells for: per recipe the orderings, then sharpness and scaling."""
+    index, level = Cells(cells), params.scaling.level
     recipes = ["base", *[r for r in params.pretrain.grid.recipes if r != "base"]]
     entries = []
     for recipe in recipes:
         if recipe in set(cells["recipe"].to_list()):
-            entries += ordering_claims(losses, recipe, output_gammas(params, recipe), level)
-    entries += sharpness_claim(losses, "base", level)
+            entries += ordering_claims(index, params, recipe, level)
+    entries += sharpness_claim(index, params, "base", level)
     entries += scaling_claim(cells, fits, params)
     return entries
 
@@ -213,7 +213,8 @@ LABELS = {key: text.replace(" ({out})", "") for key, text, *_ in ORDERINGS} | {
 
 def recipe_table(entries: list[dict]) -> str:
     """The ledger at a glance (README, `claims_a_by_recipe.md`): one row per claim, one column per recipe, each cell
-    the effect ± spread and verdict of that recipe's entry (per-size entries are in the full table)."""
+    the effect ± spread and verdict of that recipe's entry, an untested one with the premises that failed (per-size
+    entries are in the full table)."""
     recipes = list(dict.fromkeys(e["id"].split(".")[0] for e in entries))
     by_id = {e["id"]: e for e in entries if "@" not in e["id"]}
     keys = [k for k in LABELS if any(f"{r}.{k}" in by_id for r in recipes)]
@@ -224,63 +225,74 @@ def recipe_table(entries: list[dict]) -> str:
         if e["effect"] is None:  # no usable seed (e.g. no converged sharpness)
             return e["verdict"]
         spread = "" if e["spread"] is None else f" ± {e['spread']:.4f}"
-        verdict = e["verdict"].split(" (")[0]
-        return f"{e['effect']:+.4f}{spread} {'**' + verdict + '**' if verdict != 'inconclusive' else verdict}"
+        verdict = claims.verdict_of(e)
+        why = ", ".join(p["name"] for p in claims.failed(e["premises"]))
+        return (f"{e['effect']:+.4f}{spread} {'**' + verdict + '**' if verdict != 'inconclusive' else verdict}"
+                + (f" ({why})" if why else ""))
 
     rows = [f"| claim | {' | '.join(recipes)} |", "|---" * (len(recipes) + 1) + "|"]
     rows += [f"| {LABELS[k]} | {' | '.join(cell(by_id.get(f'{r}.{k}')) for r in recipes)} |" for k in keys]
     return "\n".join(rows)
 
 
-# METHODS §A's weight-decay claims at a dose (issue 19): at the matrices' rate, decay on γ over a short run moves it
-# little (λ·η·T ≈ 0.05), so the claims are decided at the lowest dose of a dose-response that moves γ.
-DOSE_KINDS = {"wd_in": ("input", "gamma_in"), "wd_out": ("output", "gamma_out")}
-
-
-def dose_table(rows: list[dict], level: float = 0.95) -> list[dict]:
-    """Per decayed kind (`arm` wd_in / wd_out) and dose (decay on those γ as a multiple of the matrices'), paired by
-    seed against dose 0 (arm "standard": no decay on γ): the shrinkage of that kind's mean γ (γ̄₀ − γ̄_d), the loss
-    gain (loss₀ − loss_d, positive: the decay helps) and the sharpness drop (log λ₀ − log λ_d); each the mean over
-    seeds with its t-interval half-width (`*_spread`, None for one seed). `rows`: one dict per run with arm, dose,
-    seed, val_loss, gamma_in, gamma_out, sharpness (None: not converged)."""
+def dose_claims(rows: list[dict], params: Params, level: float = 0.95) -> list[dict]:
+    """The wd_in / wd_out claims from a dose-response (decay on one kind of γ at several multiples of the matrices'
+    rate, dose 0 being no decay on γ), each decided at one dose: the lowest whose premises all hold; where none does,
+    the lowest that moved γ (its failed premises say why it is untested); where none moved γ, the dose whose per-step
+    pull is nearest the paper's. Premises per dose: γ moved (the decayed kind's own mean), the per-step pull, and on
+    input-norm γ the final norm. wd_in helps: loss₀ − loss_d > 0; wd_out hurts: loss_d − loss₀ > 0, paired by seed."""
+    sizes = sorted({r["size"] for r in rows})
+    if len(sizes) != 1:
+        raise ValueError(f"dose runs of sizes {sizes}: the dose claims compare one size")
+    size, steps = sizes[0], params.pretrain.total_steps()
     zero = {r["seed"]: r for r in rows if r["arm"] == "standard"}
-    out = []
-    for arm, (kind, col) in DOSE_KINDS.items():
-        for dose in sorted({r["dose"] for r in rows if r["arm"] == arm}):
-            mine = [(zero[r["seed"]], r) for r in rows if r["arm"] == arm and r["dose"] == dose and r["seed"] in zero]
-            entry = {"arm": arm, "kind": kind, "dose": dose, "n_seeds": len(mine)}
-            for name, diff in (("shrinkage", lambda a, b: a[col] - b[col]),
-                               ("loss_gain", lambda a, b: a["val_loss"] - b["val_loss"]),
-                               ("sharpness_drop", lambda a, b: math.log(a["sharpness"]) - math.log(b["sharpness"])
-                                if a["sharpness"] and b["sharpness"] and a["sharpness"] > 0 and b["sharpness"] > 0
-                                else None)):
-                vals = [v for a, b in mine if (v := diff(a, b)) is not None]
-                ci = t_interval(vals, level)
-                entry[name] = statistics.fmean(vals) if vals else None
-                entry[f"{name}_spread"] = None if ci is None else ci[2] - ci[0]
-            out.append(entry)
-    return out
-
-
-def dose_claims(rows: list[dict], moves: float = 0.05, level: float = 0.95) -> list[dict]:
-    """The wd_in / wd_out claims decided at the lowest dose whose paired shrinkage of mean γ has its t interval above
-    `moves` (the decay measurably moved γ); no such dose: inconclusive (γ did not move). wd_in helps: loss₀ − loss_d
-    > 0; wd_out hurts: loss_d − loss₀ > 0; both paired by seed (claims.claim's rule)."""
-    table = dose_table(rows, level)
+    cfg = params.resolve_model(size, "standard", vocab_size=params.tokenizer.vocab_size, recipe="base")
+    reg = premises_a.budget_regime(params, *premises_a.dense_counts(cfg))
     entries = []
-    for arm, key, sign, published in (("wd_in", "wd_in_helps", 1, PUB_WD), ("wd_out", "wd_out_hurts", -1, PUB_WD)):
-        moved = [e for e in table if e["arm"] == arm and e["n_seeds"] >= 2 and e["shrinkage"] is not None
-                 and e["shrinkage"] - e["shrinkage_spread"] > moves]
-        text = LABELS[key].replace("standard", "no decay on γ")
-        if not moved:
-            entries.append(claim(f"dose.{key}", text, f"no dose moved mean γ by > {moves}", [], published, level))
-            entries[-1]["verdict"] = "inconclusive (γ did not move)"
+    for arm, key, sign in (("wd_in", "wd_in_helps", 1), ("wd_out", "wd_out_hurts", -1)):
+        kind, col = premises_a.DOSE_KINDS[arm]
+        runs = {}
+        for r in rows:
+            if r["arm"] == arm and r["seed"] in zero:
+                runs.setdefault(r["dose"], []).append((zero[r["seed"]], r))
+        if not runs:
             continue
-        dose = min(e["dose"] for e in moved)
-        zero = {r["seed"]: r["val_loss"] for r in rows if r["arm"] == "standard"}
-        diffs = [sign * (zero[r["seed"]] - r["val_loss"]) for r in rows
-                 if r["arm"] == arm and r["dose"] == dose and r["seed"] in zero]
-        entries.append(claim(f"dose.{key}", f"{text}, at {dose:g}x the matrices' decay (the lowest dose that moves γ)",
-                             f"final val loss, paired by seed, decay on γ at {dose:g}x vs none", diffs, published,
-                             level))
+        pull = {d: premises_a.scale_pull(params, "base", d) for d in runs}
+        for d, pairs in runs.items():
+            if any("lr_wd_T" in r and not math.isclose(r["lr_wd_T"], pull[d] * steps, rel_tol=1e-6) for _, r in pairs):
+                raise ValueError(f"{arm} at dose {d:g}: the runs' λ·η·T differs from the params' {pull[d] * steps:g}")
+        checks = {d: [premises_a.moved_premise([a[col] - b[col] for a, b in pairs], level, f"the mean {kind}-norm γ"),
+                      premises_a.pull_premise(pull[d], steps)]
+                  + ([premises_a.final_norm_premise(params.model.variants[arm], "the runs")] if kind == "input" else [])
+                  for d, pairs in runs.items()}
+        ok = [d for d in runs if not claims.failed(checks[d])]
+        moved = [d for d in runs if checks[d][0]["passed"]]
+        nearest = min(runs, key=lambda d: abs(math.log(pull[d] / premises_a.PAPER_PULL)) if pull[d] > 0 else math.inf)
+        dose = min(ok) if ok else min(moved) if moved else nearest
+        why = ("the lowest dose whose premises hold" if ok else "the lowest dose that moves γ" if moved
+               else "no dose moves γ: the dose nearest the paper's per-step pull")
+        text = LABELS[key].replace("standard", "no decay on γ")
+        entries.append(claim(f"dose.{key}", f"{text}, at {dose:g}x the matrices' decay ({why})",
+                             f"final val loss, paired by seed, decay on γ at {dose:g}x vs none, size {size}",
+                             [sign * (a["val_loss"] - b["val_loss"]) for a, b in runs[dose]], PUB_WD, level,
+                             regime=reg, premises=checks[dose]))
     return entries
+
+
+# ---------------------------------------------------------------- the committed studies' ledgers, re-derived
+def cpu_study(folder: Path) -> list[dict]:
+    """The ledger of a committed grid study (results/cpu-study): its cells' metrics (metrics/pretrain/<cell>.json)
+    under its own params.yaml, by today's code."""
+    folder = Path(folder)
+    params = premises_a.study_params(folder)
+    cells = scaling.collect(folder / "metrics" / "pretrain", scaling.grid_cells(params.pretrain.grid))
+    return ledger(cells, scaling.fit_all(cells, params.scaling), params)
+
+
+def gamma_wd_dose(folder: Path) -> list[dict]:
+    """The ledger of a committed γ weight-decay dose-response (results/gamma-wd-dose): its runs (runs.jsonl, one JSON
+    row per run) under its own params.yaml, by today's code."""
+    folder = Path(folder)
+    params = premises_a.study_params(folder)
+    rows = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
+    return dose_claims(rows, params, params.scaling.level)

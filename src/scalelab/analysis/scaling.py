@@ -16,14 +16,16 @@ from scalelab.config import GridConfig, ScalingConfig
 from scalelab.analysis.powerlaw import Fit, fit_seeds
 
 CELL_KEYS = ("variant", "size", "recipe", "seed")
-VALUES = ("val_loss", "params", "non_embedding_params", "flops", "sharpness", "sharpness_iters", "sharpness_converged")
+VALUES = ("val_loss", "params", "non_embedding_params", "flops", "sharpness", "sharpness_iters", "sharpness_converged",
+          "gamma_mean", "gamma_std")
 
 
 def collect(metrics_dir: Path, cells: list[str] | None = None) -> pl.DataFrame:
     """One row per cell from metrics/pretrain/<cell>.json (each written by the pretrain stage).
 
     `cells` names the cells of the current grid: files left behind by cells since removed from params are ignored,
-    and a missing one is an error. None reads every file. `sharpness` is null where it was not measured."""
+    and a missing one is an error. None reads every file. `sharpness` is null where it was not measured, `gamma_mean`
+    and `gamma_std` (over every γ vector of the model: the decay premises) where the model has no γ."""
     metrics_dir = Path(metrics_dir)
     paths = sorted(metrics_dir.glob("*.json")) if cells is None else [metrics_dir / f"{c}.json" for c in cells]
     rows = []
@@ -39,7 +41,8 @@ def collect(metrics_dir: Path, cells: list[str] | None = None) -> pl.DataFrame:
         raise ValueError(f"no pretraining metrics found in {metrics_dir}")
     schema = {"variant": pl.String, "size": pl.String, "recipe": pl.String, "seed": pl.Int64,
               "val_loss": pl.Float64, "params": pl.Int64, "non_embedding_params": pl.Int64, "flops": pl.Float64,
-              "sharpness": pl.Float64, "sharpness_iters": pl.Int64, "sharpness_converged": pl.Boolean}
+              "sharpness": pl.Float64, "sharpness_iters": pl.Int64, "sharpness_converged": pl.Boolean,
+              "gamma_mean": pl.Float64, "gamma_std": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
 
 
