@@ -1,5 +1,6 @@
 """DVC stage `hidden_decoding_summary`: last-stream validation loss by n at equal tokens and at equal FLOPs, SFA vs
-full attention, and the claims ledger of METHODS §C.
+full attention, and the Hidden Decoding claims ledger: each entry with its regime and its premises, every n > 1 cell's
+recovery of its step-0 gap read from the cells' validation curves (plots/hidden_decoding).
 
 Outs: data/hidden_decoding_summary/{cells.csv, gain_vs_n.png, curves.png, mlflow_run.json},
 metrics/hidden_decoding.json, metrics/claims_c.json, plots/hidden_decoding_gain.csv.
@@ -32,10 +33,12 @@ def main(params: Params) -> None:
         except ValueError as err:
             raise DataError(str(err)) from None
         cmp = hdr.comparisons(cells, hd)
-        entries = hdr.claims(cmp, hd.claims.sfa_fraction, hd.claims.level)
-        rows, gains = hdr.table(cells, hd), hdr.gain_rows(cmp)
         plots = Path("plots/hidden_decoding")
-        curves = {f"{cell}-{seed}": (m["flops_per_token"], hdr.read_curve(plots / f"{cell}-{seed}.csv"))
+        val = {cell: {seed: hdr.read_curve(plots / f"{cell}-{seed}.csv") for seed in by_seed}
+               for cell, by_seed in cells.items()}
+        entries = hdr.claims(cmp, hdr.Setting(hd, cells, curves=val), hd.claims.sfa_fraction, hd.claims.level)
+        rows, gains = hdr.table(cells, hd), hdr.gain_rows(cmp)
+        curves = {f"{cell}-{seed}": (m["flops_per_token"], val[cell][seed])
                   for cell, by_seed in cells.items() for seed, m in by_seed.items()}
         with atomic_dir(out) as tmp:
             hdr.write_csv(tmp / "cells.csv", rows)

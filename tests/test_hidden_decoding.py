@@ -1,8 +1,9 @@
-"""Hidden Decoding (METHODS §C): the properties the method stands on, on tiny random Llama/Qwen3 backbones built
+"""Hidden Decoding: the properties the method stands on, on tiny random Llama/Qwen3 backbones built
 from configs (no download)."""
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -609,6 +610,11 @@ def test_an_interrupted_cell_resumes_to_the_uninterrupted_result(tmp_path, monke
 
 
 # ------------------------------------------------------------------ the summary's comparisons and claims
+def _final(cells):
+    """Each cell's curve: its final validation alone (cell -> seed -> [(tokens, val_loss)])."""
+    return {c: {s: [(1000.0, m["val_loss"])] for s, m in by_seed.items()} for c, by_seed in cells.items()}
+
+
 def test_summary_pairs_cells_by_role_and_seed(tmp_path):
     from scalelab.analysis import hidden_decoding as hdr
 
@@ -623,34 +629,53 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
     # n = 4 falls behind its control; full attention gains 0.051, SFA keeps 98% of it; tied tables lose 0.04.
     # Seed offsets cancel in the pairing.
     loss = {"n1": 3.0, "n2": 2.9, "n4": 2.95, "n4full": 2.949, "n4tied": 2.99, "c2": 2.92, "c4": 2.9}
+    params = {"n1": 1000, "n2": 1100, "n4": 1300, "n4full": 1300, "n4tied": 1000, "c2": 1000, "c4": 1000}
     for cell, value in loss.items():
         for seed in cfg.seeds:
             jitter = 0.001 * np.random.default_rng([seed, *map(ord, cell)]).standard_normal()  # per cell and seed
-            (tmp_path / f"{cell}-{seed}.json").write_text(json.dumps({"val_loss": value + 0.3 * seed + jitter}))
-    cmp = hdr.comparisons(hdr.collect(tmp_path, cfg), cfg)
+            spread = {"table_spread_start": 0.1, "table_spread": 0.3} if cell == "n4" else {}
+            (tmp_path / f"{cell}-{seed}.json").write_text(json.dumps(
+                {"val_loss": value + 0.3 * seed + jitter, "params": params[cell], "tokens": 4096, "steps": 8,
+                 **spread}))
+    cells = hdr.collect(tmp_path, cfg)
+    cmp = hdr.comparisons(cells, cfg)
     assert cmp["gain_tokens"][2] == pytest.approx([0.1] * 3, abs=0.003)
     assert cmp["gain_full"][4] == pytest.approx([0.051] * 3, abs=0.003)
-    verdicts = {c["id"]: c["verdict"] for c in hdr.claims(cmp, sfa_fraction=0.8)}
+    entries = hdr.claims(cmp, hdr.Setting(cfg, cells, curves=_final(cells)), sfa_fraction=0.8)
+    verdicts = {c["id"]: c["verdict"] for c in entries}
     assert verdicts == {"C.gain.tokens.n2": "reproduced", "C.gain.tokens.n4": "reproduced",
                         "C.grows.tokens.n2-n4": "contradicted", "C.gain.flops.n2": "reproduced",
                         "C.gain.flops.n4": "contradicted", "C.grows.flops.n2-n4": "contradicted",
                         "C.gain.full.n4": "reproduced", "C.sfa.n4": "reproduced", "C.tables.n4": "reproduced"}
+    reg = entries[0]["regime"]  # the backbone's size and the base budget, beside the paper's tokens per parameter
+    assert (reg["params"], reg["non_embedding_params"], reg["tokens"], reg["steps"]) == (1000, 900, 4096, 8)
+    assert reg["paper_tokens_per_param"] == pytest.approx(75e9 / 8e9) and reg["scope"] == "small-scale"
+    assert all(p["passed"] for e in entries for p in e["premises"])
     (tmp_path / "c4-1.json").unlink()
     with pytest.raises(ValueError, match="c4-1.json: missing"):
         hdr.collect(tmp_path, cfg)
 
 
+def _probe_setting(premises=()):
+    from scalelab.analysis import hidden_decoding as hdr
+
+    cfg = HiddenDecodingConfig(cells={"n1": {}, "n2": {"n_streams": 2}, "n4": {"n_streams": 4},
+                                      "n4full": {"n_streams": 4, "attention": "full"}},
+                               grid=["n1", "n2", "n4", "n4full"], seeds=[0, 1, 2])
+    return hdr.Setting(cfg, {}, probe=list(premises))
+
+
 def test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise():
     """SFA keeping half of full's gain is contradicted (the claim asks 80%); without a reproduced full-attention
-    gain, or without a reproduced gain at the smaller n, those claims are inconclusive and say why, whatever their
-    own interval shows."""
+    gain, or without a reproduced gain at the smaller n, those claims are untested and say why, whatever their own
+    interval shows."""
     from scalelab.analysis import hidden_decoding as hdr
 
     seeds = lambda x, j=(-0.002, 0.0, 0.003): [x + d for d in j]
     cmp = {"gain_tokens": {2: seeds(0.08), 4: seeds(0.05, (0.001, -0.003, 0.002))}, "gain_flops": {},
            "gain_full": {4: seeds(0.10)},
            "sfa_minus_full": {}, "tables": {}}
-    v = {c["id"]: c for c in hdr.claims(cmp, sfa_fraction=0.8)}
+    v = {c["id"]: c for c in hdr.claims(cmp, _probe_setting(), sfa_fraction=0.8)}
     assert v["C.sfa.n4"]["verdict"] == "contradicted"  # 0.05 − 0.8 · 0.10 < 0
     assert v["C.sfa.n4"]["effect"] == pytest.approx(0.05 - 0.08, abs=1e-3)
     assert v["C.grows.tokens.n2-n4"]["verdict"] == "contradicted"
@@ -658,11 +683,11 @@ def test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise():
     cmp = {"gain_tokens": {2: seeds(0.0), 4: seeds(0.05, (0.001, -0.003, 0.002))}, "gain_flops": {},
            "gain_full": {4: seeds(-0.001)},
            "sfa_minus_full": {}, "tables": {}}
-    v = {c["id"]: c for c in hdr.claims(cmp, sfa_fraction=0.8)}
+    v = {c["id"]: c for c in hdr.claims(cmp, _probe_setting(), sfa_fraction=0.8)}
     assert v["C.gain.full.n4"]["verdict"] != "reproduced"
-    assert v["C.sfa.n4"]["verdict"].startswith("inconclusive (full attention's gain at n = 4 not reproduced")
+    assert v["C.sfa.n4"]["verdict"].startswith("untested (full attention's gain at n = 4: ")
     assert v["C.sfa.n4"]["effect"] > 0  # its own interval alone would have said reproduced
-    assert v["C.grows.tokens.n2-n4"]["verdict"].startswith("inconclusive (the gain at n = 2 not reproduced")
+    assert v["C.grows.tokens.n2-n4"]["verdict"].startswith("untested (gain at n = 2: ")
     assert all(tuple(c) == ledger_fields() for c in v.values())
 
 
@@ -670,6 +695,160 @@ def ledger_fields():
     from scalelab.analysis.claims import FIELDS
 
     return FIELDS
+
+
+# ------------------------------------------------------------------ the probe's floor and the premises
+def _brute_window_loss(task, windows, prior, T):
+    """The Bayes loss of aligned windows by enumeration: every hypothesis (phase, digits of the blocks the window
+    touches) weighted by its prior, the predictive of a prefix the weight of the hypotheses that continue it."""
+    import itertools
+
+    L, blocks = task.period, (task.period - 1 + T + 1) // task.period + 1
+    total_prior = sum(prior.values())
+
+    def window(phase, digits):
+        stream = []
+        for b in range(blocks):
+            d = digits[b * task.K:(b + 1) * task.K]
+            stream += [*d, task.base, task.sum_token(sum(d))]
+        return tuple(stream[phase:phase + T + 1])
+
+    hyps = [(prior[p] / total_prior, window(p, d)) for p in prior
+            for d in itertools.product(range(task.base), repeat=task.K * blocks)]
+    weight = {}
+    for w, win in hyps:
+        for t in range(T + 2):
+            weight[win[:t]] = weight.get(win[:t], 0.0) + w
+    out = 0.0
+    for phase, count in windows.items():
+        digits = list(itertools.product(range(task.base), repeat=task.K * blocks))
+        loss = sum(-math.log(weight[win[:t + 1]] / weight[win[:t]])
+                   for win in (window(phase, d) for d in digits) for t in range(1, T + 1))
+        out += count * loss / (len(digits) * T)
+    return out / sum(windows.values())
+
+
+@pytest.mark.parametrize("task,T", [((2, 2, 0), 6), ((2, 3, 3), 5), ((1, 3, 0), 7)])
+def test_the_window_floor_equals_a_brute_force_enumeration(task, T):
+    """The forward recursion over (true state, predictor's belief) equals enumerating every hypothesis, for plain
+    and modular sums (whose sum tokens look like digits), with a phase prior unlike the windows' phases."""
+    from scalelab.analysis import window_floor as wf
+    from scalelab.data.sum_task import SumTask
+
+    task = SumTask(*task)
+    windows = Counter({p: 1 + p for p in range(task.period)})
+    prior = Counter({p: 2 + (p % 2) for p in range(task.period)})
+    assert wf.window_loss(task, task, windows, prior, T) == pytest.approx(_brute_window_loss(task, windows, prior, T),
+                                                                         rel=1e-10)
+
+
+def test_the_floor_follows_the_loaders_windows():
+    """The floor of the v3 probe's validation windows (seq_len 56 over blocks of 6: windows start 0, 2 or 4 tokens
+    into a block) equals the mean realized Bayes loss of the windows the loader cuts from shards the task writes, and
+    sits well above the stationary floor; the phases are the loader's own."""
+    import statistics
+
+    from scalelab.analysis import window_floor as wf
+    from scalelab.data.loader import train_batch, val_batches
+    from scalelab.data.sum_task import SumTask, shard_lengths
+
+    task, T, val_tokens = SumTask(4, 3, 0), 56, 8192
+    floors = wf.sum_task_floors(task, T, val_tokens)
+    assert floors.floor == pytest.approx(0.76937, abs=5e-5)  # the number the probe-v3 ledger is measured against
+    assert floors.floor - floors.stationary > 0.03 and floors.sum_blind > floors.floor
+    n_train, n_val = shard_lengths(task)
+    prior = wf.train_phases(n_train, T, task.period)
+    rng, realized = np.random.default_rng(7), []
+    for _ in range(6):
+        for x, y in val_batches(task.tokens(rng, n_val), seq_len=T, val_tokens=val_tokens, batch_size=256):
+            for xi, yi in zip(x.tolist(), y.tolist()):
+                realized.append(statistics.fmean(wf.window_losses(task, prior, [xi[0], *yi])))
+    se = statistics.stdev(realized) / math.sqrt(len(realized))
+    assert abs(statistics.fmean(realized) - floors.floor) < 4 * se, (statistics.fmean(realized), floors.floor, se)
+    # the loader's window starts, read off a stream of positions
+    starts = [int(x[0]) for xs, _ in val_batches(np.arange(n_val), seq_len=T, val_tokens=val_tokens, batch_size=64)
+              for x in xs]
+    assert wf.val_phases(n_val, T, val_tokens, task.period) == Counter(s % task.period for s in starts)
+    assert set(wf.val_phases(n_val, T, val_tokens, task.period)) == {0, 2, 4}
+    x, _ = train_batch(np.arange(100), seed=0, step=0, batch_size=4096, seq_len=7)
+    starts = set(x[:, 0].tolist())
+    assert starts == set(range(100 - 7))  # the start range train_phases counts, every start drawn
+    assert wf.train_phases(100, 7, 6) == Counter(s % 6 for s in starts)
+
+
+def test_a_probe_without_room_is_untested():
+    """The same clear gains read reproduced on a probe with room and a positive control that gains, and untested
+    when n = 1 has already closed ROOM of the gap to the windows' floor, or with no positive control."""
+    from scalelab.analysis import hd_premises as hdp
+    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.analysis.window_floor import Floors
+
+    floors = Floors(floor=0.77, sum_blind=1.07, stationary=0.73)
+    control = hdp.positive_control([0.02, 0.025, 0.03])
+    cmp = {"gain_tokens": {2: [0.010, 0.012, 0.011]}, "gain_flops": {}, "gain_full": {}, "sfa_minus_full": {},
+           "tables": {}}
+    with_room = hdp.probe_premises(floors, n1_loss=0.92)  # half the gap closed
+    assert hdr.claims(cmp, _probe_setting([*with_room, control]), 0.8)[0]["verdict"] == "reproduced"
+    no_room = hdp.probe_premises(floors, n1_loss=0.7724)  # 99.2% closed, 0.0024 nats left
+    [entry] = hdr.claims(cmp, _probe_setting([*no_room, control]), 0.8)
+    assert entry["verdict"].startswith("untested (room: 99.2% of the gap closed (0.0024 nats above")
+    assert entry["effect"] == pytest.approx(0.011)  # the numbers are still reported
+    [entry] = hdr.claims(cmp, _probe_setting([*with_room, hdp.positive_control(None)]), 0.8)
+    assert entry["verdict"] == "untested (positive control: none run)"
+    nothing_learned = hdp.probe_premises(floors, n1_loss=1.08)
+    [entry] = hdr.claims(cmp, _probe_setting([*nothing_learned, control]), 0.8)
+    assert entry["verdict"].startswith("untested (learns the task: -3.3% of the gap closed")
+
+
+def test_a_continued_pretraining_waits_for_the_step0_gap(tmp_path):
+    """n = 2 behind n = 1 with its gap still shrinking is untested; once the gap has stopped shrinking (or n = 2
+    is level) the same final numbers are decided; a single validation gives no trend."""
+    from scalelab.analysis import hidden_decoding as hdr
+
+    cfg = HiddenDecodingConfig(cells={"n1": {}, "n2": {"n_streams": 2}}, grid=["n1", "n2"], seeds=[0, 1, 2])
+    end = {"n1": [3.46, 3.47, 3.45], "n2": [3.56, 3.58, 3.57]}
+    cells = {c: {s: {"val_loss": v, "params": 100, "tokens": 2048, "steps": 16} for s, v in enumerate(vs)}
+             for c, vs in end.items()}
+    cmp = hdr.comparisons(cells, cfg)
+
+    def verdict(gap_before):  # n = 2's gap to n = 1 at the earlier validation; 0.11 at the last
+        curves = {c: {s: [(1024.0, end["n1"][s] - 0.1 + (gap_before if c == "n2" else 0.0)), (2048.0, v)]
+                      for s, v in enumerate(vs)} for c, vs in end.items()}
+        return hdr.claims(cmp, hdr.Setting(cfg, cells, curves=curves), 0.8)[0]["verdict"]
+
+    assert verdict(0.2) == ("untested (n2 recovered its step-0 gap: gap +0.2000 at 1024 → +0.1100 at 2048 tokens "
+                            "(45% shrink))")
+    assert verdict(0.105) == "contradicted"  # 0.105 -> 0.11: the gap no longer closes
+    one = {c: {s: [(2048.0, v)] for s, v in enumerate(vs)} for c, vs in end.items()}
+    assert hdr.claims(cmp, hdr.Setting(cfg, cells, curves=one), 0.8)[0]["verdict"].endswith("one point: no trend)")
+    level = {c: {s: [(2048.0, v - (0.2 if c == "n2" else 0))] for s, v in enumerate(vs)} for c, vs in end.items()}
+    cells2 = {c: {s: m | {"val_loss": level[c][s][0][1]} for s, m in by.items()} for c, by in cells.items()}
+    entry = hdr.claims(hdr.comparisons(cells2, cfg), hdr.Setting(cfg, cells2, curves=level), 0.8)[0]
+    assert entry["verdict"] == "reproduced" and entry["premises"][0]["passed"]
+
+
+def test_the_study_ledgers_are_rederived_and_its_readme_current():
+    """Every part's claims.json and the study's ledger are what today's code derives from the committed metrics,
+    every entry untested with its premise, and the study README's generated blocks are current with no typed
+    number outside them."""
+    from test_docs import refresh, stray_numbers
+
+    from scalelab.analysis import claims, hd_study
+
+    folder = ROOT / "results/hidden-decoding"
+    plain = lambda x: json.loads(json.dumps(x))  # noqa: E731
+    for part in hd_study.PROBES + hd_study.CPT:
+        assert plain(hd_study.part_entries(folder, part)) == claims.read_claims(folder / part / "claims.json"), part
+    ledger = claims.read_claims(folder / "claims_c.json")
+    assert plain(hd_study.study_ledger(folder)) == ledger
+    assert json.loads((folder / "study.json").read_text())["generator"] == "scalelab.analysis.hd_study:study_ledger"
+    why = {e["id"]: e["verdict"] for e in ledger}
+    assert all(v.startswith("untested (room: ") for k, v in why.items() if k.startswith("probe-v3."))
+    assert all(v.startswith("untested (n2 recovered its step-0 gap: ") for k, v in why.items()
+               if k.startswith("cpt-20."))
+    text = (folder / "README.md").read_text()
+    assert refresh(text) == text, "results/hidden-decoding/README.md: stale generated blocks; refresh them"
+    assert not stray_numbers(text), stray_numbers(text)
 
 
 # ------------------------------------------------------------------ mutation checks (tests/mutants.py)
@@ -765,11 +944,36 @@ def _(monkeypatch):
     monkeypatch.setattr(HiddenDecodingConfig, "uses_text", lambda self: False)
 
 
-@mutant("hd-claims-ungated")  # SFA and growth claims decided whatever their premise
+@mutant("hd-reference-premise-off")  # SFA and growth claims decided whatever the gain they are measured against
 def _(monkeypatch):
-    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.analysis import claims as ledger
+    from scalelab.analysis import hd_premises as hdp
 
-    monkeypatch.setattr(hdr, "_gated", lambda entry, premise, why: entry)
+    monkeypatch.setattr(hdp, "shown", lambda name, diffs, level, need: ledger.premise(name, "off", True, need))
+
+
+@mutant("hd-room-premise-off")  # a probe's n = 1 model may have closed the whole gap: only "learns the task" checked
+def _(monkeypatch):
+    from scalelab.analysis import hd_premises as hdp
+
+    real = hdp.probe_premises
+    monkeypatch.setattr(hdp, "probe_premises", lambda floors, n1_loss: real(floors, n1_loss)[:1])
+
+
+@mutant("hd-recovery-premise-off")  # continued pretraining read whether or not n > 1 recovered its start
+def _(monkeypatch):
+    from scalelab.analysis import claims as ledger
+    from scalelab.analysis import hd_premises as hdp
+
+    monkeypatch.setattr(hdp, "recovered", lambda cell, points: ledger.premise(f"{cell} recovered", "off", True, ""))
+
+
+@mutant("hd-floor-ignores-alignment")  # the validation windows taken to start at a block's first token
+def _(monkeypatch):
+    from scalelab.analysis import window_floor as wf
+
+    real = wf.val_phases
+    monkeypatch.setattr(wf, "val_phases", lambda *a: Counter({0: sum(real(*a).values())}))
 
 
 @mutant("hd-window-one-short")  # a local layer's window stops one token short (token i − w + 1 unread)
@@ -802,7 +1006,10 @@ CAUGHT = [
     ("hd-cache-not-preallocated", f"{T}test_decoding_writes_into_a_preallocated_cache"),
     ("hd-folder-loads-as-backbone", f"{T}test_save_reload_and_hugging_face_round_trip"),
     ("hd-own-tokenizer-ignored", f"{T}test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus"),
-    ("hd-claims-ungated", f"{T}test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise"),
+    ("hd-reference-premise-off", f"{T}test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise"),
+    ("hd-room-premise-off", f"{T}test_a_probe_without_room_is_untested"),
+    ("hd-recovery-premise-off", f"{T}test_a_continued_pretraining_waits_for_the_step0_gap"),
+    ("hd-floor-ignores-alignment", f"{T}test_the_floor_follows_the_loaders_windows"),
     ("hd-window-one-short", f"{T}test_windowed_local_layers_equal_the_dense_oracle_without_a_full_mask"),
     ("hd-local-as-mixing", f"{T}test_windowed_local_layers_equal_the_dense_oracle_without_a_full_mask"),
     ("hd-local-as-mixing", f"{T}test_cached_decoding_equals_the_full_forward"),

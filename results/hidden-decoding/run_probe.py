@@ -1,21 +1,19 @@
-"""Hidden Decoding study, part (a): a compute-bound synthetic probe (METHODS §C), run with the pipeline's own code.
+"""Hidden Decoding study, part (a): a compute-bound synthetic probe, run with the pipeline's own code.
 
-Task (known optimum): blocks `d1 ... dK = s` of K (--digits) uniform digits 0..base-1, a separator, then their sum s,
-modulo --mod (v1, v2: base 7, mod 7) or plain (--mod 0, v3; the sum tokens follow the separator). Digits are
-unpredictable (ln base each), the separator and the sum are determined, so the lowest reachable mean next-token loss
-is `Task.floor` = K·ln base / (K + 2); a model blind to the sum pays the entropy of its distribution on top
-(`Task.sum_blind`). The hard token is s: at the separator the model must add K digits in one pass of a small Llama.
-Hidden streams give every token more computation in the within-stream layers, read by the mixing layers; if the
-mechanism works, n > 1 must close part of the gap to the floor that n = 1 cannot.
+Task (scalelab.data.sum_task): blocks `d1 ... dK = s` of K (--digits) uniform digits 0..base-1, a separator, then
+their sum s, modulo --mod (v1, v2: base 7, mod 7) or plain (--mod 0, v3; the sum tokens follow the separator). The
+references are those of the validation windows the loss is measured on (scalelab.analysis.window_floor): the exact
+Bayes floor of windows cut at multiples of seq_len (the first tokens of a window cannot know where the separator
+falls, nor the first sum's unseen digits), and the same for a model blind to the sum. The hard token is s: at the
+separator the model must add K digits in one pass of a small Llama. If the mechanism works, n > 1 must close part of
+the gap to the floor that n = 1 cannot.
 
-v1 and v2 (modular sums) had backbones that learned no sum at all; v3's plain sum is learned in part, and the
-premise is now checked in code (PREMISE) on the backbone alone, before any HD cell runs.
-
-Steps: (1) a random 2-layer Llama is trained at n = 1 to its plateau (`--pre-steps`), and must close PREMISE of the
-gap (`--backbone-only` stops here); (2) that backbone is continued
-by every cell × seed with scalelab.train.hidden_decoding.fit_cell (the stage's own training code; seeds vary the
-batches and the tables' noise); (3) the HD summary's comparisons and claims (scalelab.analysis.hidden_decoding)
-are written beside the per-cell metrics.
+Steps: (1) a random 2-layer Llama is trained at n = 1 to its plateau (`--pre-steps`), and must close between 10% and
+90% of the sum-blind -> floor gap (scalelab.analysis.hd_premises LEARNS, ROOM; `--backbone-only` stops here); (2)
+that backbone is continued by every cell x seed with scalelab.train.hidden_decoding.fit_cell (the stage's own
+training code; seeds vary the batches and the tables' noise); (3) the part's ledger
+(scalelab.analysis.hd_study.part_entries: the same premises, measured on the n = 1 cells) is written beside the
+per-cell metrics.
 
     PYTHONPATH=src nice -n 15 python results/hidden-decoding/run_probe.py --out results/hidden-decoding/probe
 """
@@ -24,28 +22,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from scalelab.analysis import claims as ledger
+from scalelab.analysis import hd_premises, hd_study
 from scalelab.analysis import hidden_decoding as hdr
+from scalelab.analysis.window_floor import sum_task_floors
 from scalelab.config import HiddenDecodingConfig
-from scalelab.data import file_sha256
+from scalelab.data.sum_task import VOCAB, SumTask, write_task
 from scalelab.model.hidden_decoding_io import load_hidden_decoding
 from scalelab.train.hidden_decoding import fit_cell
 
-V = 16  # vocabulary: digits 0..base-1, the separator `base`, then (plain sums) the sum tokens; the rest unused
-# The backbone must close at least 10% and at most 90% of the sum-blind -> floor gap before any HD cell runs: it
-# computes part of the sum (the task is learnable by this backbone) and leaves room extra computation could close.
-PREMISE = (0.1, 0.9)
 CELLS = {
     "n1": {"n_streams": 1},
     "n2": {"n_streams": 2},
@@ -56,58 +49,6 @@ CELLS = {
     "n1_flops_n2": {"n_streams": 1, "flops_of": {"n_streams": 2}},
     "n1_flops_n4": {"n_streams": 1, "flops_of": {"n_streams": 4}},
 }
-
-
-@dataclass(frozen=True)
-class Task:
-    """Blocks `d1 ... dK = s` of K uniform digits 0..base-1 and their sum s, modulo `mod` (0: the plain sum, whose
-    tokens follow the separator)."""
-
-    K: int
-    base: int = 7
-    mod: int = 7
-
-    def __post_init__(self) -> None:
-        if self.base + 1 + (0 if self.mod else self.K * (self.base - 1) + 1) > V or (self.mod > self.base + 1):
-            raise SystemExit(f"the task K={self.K} base={self.base} mod={self.mod} needs more than {V} tokens")
-
-    def sum_probs(self) -> np.ndarray:
-        """The distribution of s (convolution of K uniform digits, folded modulo `mod`)."""
-        p = np.ones(1)
-        for _ in range(self.K):
-            p = np.convolve(p, np.full(self.base, 1 / self.base))
-        return np.bincount(np.arange(len(p)) % self.mod, p) if self.mod else p
-
-    def floor(self) -> float:
-        """The lowest reachable mean next-token loss: K unpredictable digits, a determined separator and sum."""
-        return self.K * math.log(self.base) / (self.K + 2)
-
-    def sum_blind(self) -> float:
-        """The loss of a model that predicts all but the sum, for which it knows only its distribution."""
-        p = self.sum_probs()
-        return self.floor() - float(np.sum(p[p > 0] * np.log(p[p > 0]))) / (self.K + 2)
-
-    def gap_closed(self, loss: float) -> float:
-        """The fraction of the sum-blind -> floor gap a validation loss closes (0: no sum learned, 1: optimal)."""
-        return (self.sum_blind() - loss) / (self.sum_blind() - self.floor())
-
-    def tokens(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        digits = rng.integers(0, self.base, (n // (self.K + 2), self.K))
-        s = digits.sum(1, keepdims=True)
-        s = s % self.mod if self.mod else self.base + 1 + s
-        return np.concatenate([digits, np.full((len(digits), 1), self.base), s], axis=1).reshape(-1)
-
-
-def write_task(folder: Path, tokens: int, seed: int, task: Task) -> None:
-    """Token shards of the sum task in the loader's format (train and val from different generators)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    name = f"sum-k{task.K}-base{task.base}-mod{task.mod}"
-    meta = {"dtype": "uint16", "vocab_size": V, "eot_id": task.base, "tokenizer_sha256": name, "shards": {}}
-    for split, n, s in (("train", tokens, seed), ("val", tokens // 10, seed + 1)):
-        path = folder / f"{split}.bin"
-        task.tokens(np.random.default_rng(s), n).astype(np.uint16).tofile(path)
-        meta["shards"][split] = {"file": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    (folder / "meta.json").write_text(json.dumps(meta))
 
 
 def config(source: Path, cells: dict, steps: int, lr: float, seeds: list[int]) -> HiddenDecodingConfig:
@@ -125,9 +66,10 @@ def main() -> None:
     ap.add_argument("--pre-steps", type=int, default=1500)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--digits", type=int, default=5, help="K, digits per block")
-    ap.add_argument("--base", type=int, default=7, help="digits are 0..base-1")
-    ap.add_argument("--mod", type=int, default=7, help="the sum modulo this (0: the plain sum)")
+    task0 = hd_study.DEFAULT_TASK
+    ap.add_argument("--digits", type=int, default=task0.K, help="K, digits per block")
+    ap.add_argument("--base", type=int, default=task0.base, help="digits are 0..base-1")
+    ap.add_argument("--mod", type=int, default=task0.mod, help="the sum modulo this (0: the plain sum)")
     ap.add_argument("--backbone-only", action="store_true", help="stop after the backbone and its premise check")
     ap.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     args = ap.parse_args()
@@ -137,27 +79,32 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()  # the code run
     shards, metrics_dir = args.work / "tokens", args.out / "metrics"
     metrics_dir.mkdir(parents=True, exist_ok=True)
-    task = Task(args.digits, args.base, args.mod)
-    write_task(shards, 400_000, seed=0, task=task)
+    try:
+        task = SumTask(args.digits, args.base, args.mod)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    write_task(shards, task)
 
     # (1) the backbone, trained to its plateau at n = 1
     torch.manual_seed(0)
     init = args.work / "init"
-    LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                                  tie_word_embeddings=False)).save_pretrained(init)
     pre = config(init, {"pre": {"n_streams": 1}}, args.pre_steps, 3e-3, [0])
     pre_metrics = fit_cell(pre, "pre", 0, args.work / "pre", shards)
     backbone = args.work / "backbone"
     load_hidden_decoding(args.work / "pre" / "model").backbone.save_pretrained(backbone)
-    closed = task.gap_closed(pre_metrics["val_loss"])
-    print(f"backbone: val loss {pre_metrics['val_loss']:.4f} (floor {task.floor():.4f}, sum-blind "
-          f"{task.sum_blind():.4f}: {closed:.0%} of the gap closed)", flush=True)
+    floors = sum_task_floors(task, pre.train.seq_len, pre.train.val_tokens)
+    closed = floors.closed(pre_metrics["val_loss"])
+    print(f"backbone: val loss {pre_metrics['val_loss']:.4f} (the validation windows' floor {floors.floor:.4f}, "
+          f"sum-blind {floors.sum_blind:.4f}: {closed:.1%} of the gap closed)", flush=True)
     if args.backbone_only:
         return
-    if not PREMISE[0] <= closed <= PREMISE[1]:
-        raise SystemExit(f"the backbone closes {closed:.0%} of the sum-blind -> floor gap, outside {PREMISE}: this "
-                         "probe cannot show what extra per-token computation does (change the task or backbone)")
+    if not hd_premises.LEARNS <= closed <= hd_premises.ROOM:
+        raise SystemExit(f"the backbone closes {closed:.1%} of the sum-blind -> floor gap, outside "
+                         f"[{hd_premises.LEARNS}, {hd_premises.ROOM}]: this probe cannot show what extra per-token "
+                         "computation does (change the task or backbone)")
 
     # (2) every cell × seed continues that backbone
     hd = config(backbone, cells_run, args.steps, 1e-3, args.seeds)
@@ -168,12 +115,11 @@ def main() -> None:
             (metrics_dir / f"{cell}-{seed}.json").write_text(json.dumps({"cell": cell, "seed": seed, **m}, indent=1))
             print(f"{cell}-{seed}: val loss {m['val_loss']:.4f}, {m['steps']} steps, {m['wall_s']:.0f} s", flush=True)
 
-    # (3) the summary's comparisons and claims
+    # (3) the summary and the part's ledger (its premises measured on the n = 1 cells)
     cells = hdr.collect(metrics_dir, hd)
     cmp = hdr.comparisons(cells, hd)
-    ledger.write_claims(args.out / "claims.json", hdr.claims(cmp, hd.claims.sfa_fraction, hd.claims.level))
-    summary = {"digits": args.digits, "base": args.base, "mod": args.mod, "floor": task.floor(),
-               "sum_blind": task.sum_blind(), "backbone_gap_closed": closed,
+    summary = {"digits": args.digits, "base": args.base, "mod": args.mod, "floor": floors.floor,
+               "sum_blind": floors.sum_blind, "stationary_floor": floors.stationary, "backbone_gap_closed": closed,
                "backbone_val_loss": pre_metrics["val_loss"], "cells": hdr.table(cells, hd),
                "gain_vs_n": hdr.gain_rows(cmp),
                "paired": {k: {str(n): d for n, d in v.items()} for k, v in cmp.items()}}
@@ -184,8 +130,10 @@ def main() -> None:
                       f"--digits {args.digits} --base {args.base} --mod {args.mod}",
            "commit": commit, "wall_s": round(time.perf_counter() - start, 1), "threads": 1,
            "host": f"{platform.machine()}, shared 2-core machine (other jobs running)",
+           "task": {"K": task.K, "base": task.base, "mod": task.mod},
            "params": hd.model_dump(mode="json"), "backbone_pretrain": pre.train.model_dump(mode="json")}
     (args.out / "run.json").write_text(json.dumps(run, indent=1))
+    ledger.write_claims(args.out / "claims.json", hd_study.part_entries(args.out.parent, args.out.name))
 
 
 if __name__ == "__main__":

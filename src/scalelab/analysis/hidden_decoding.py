@@ -1,4 +1,4 @@
-"""Hidden Decoding results (METHODS §C reproduction target): last-stream validation loss by n at equal tokens and at
+"""Hidden Decoding results: last-stream validation loss by n at equal tokens and at
 equal training FLOPs, SFA against full attention, their claims-ledger entries and plots.
 
 Roles of the grid's cells, read from their params (hidden_decoding.cells):
@@ -8,10 +8,12 @@ Roles of the grid's cells, read from their params (hidden_decoding.cells):
     tied[n]     n streams, SFA, one shared table                tables:       tied[n] vs base[n]
 Every comparison is paired by seed: cells of one seed continue the same backbone on the same batches.
 
-Claims that can fail, and are only decided where their premise holds (else "inconclusive (<why>)"):
-    SFA keeps ≥ `sfa_fraction` of full attention's gain at equal n: gain_SFA − f·gain_full > 0 per seed; decided
-        only when full attention's own gain at that n is reproduced.
-    the gain grows with n (n_lo → n_hi): gain(n_hi) − gain(n_lo) > 0; decided only when gain(n_lo) is reproduced.
+Every entry carries its regime and measured premises (`Setting`, scalelab.analysis.hd_premises): on a probe, room
+to show the effect and a positive control; in a continued pretraining, each n > 1 cell's recovery of its step-0 gap.
+Claims that can fail on top of that, each testable only where the effect it is measured against is there:
+    SFA keeps ≥ `sfa_fraction` of full attention's gain at equal n: gain_SFA − f·gain_full > 0 per seed; premise:
+        full attention's own gain at that n is reproduced.
+    the gain grows with n (n_lo → n_hi): gain(n_hi) − gain(n_lo) > 0; premise: gain(n_lo) is reproduced.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.config import HiddenDecodingConfig
 from scalelab.analysis import claims as ledger
+from scalelab.analysis import hd_premises as hdp
+from scalelab.config import HiddenDecodingConfig
 
 PUBLISHED = ("Sequential Hidden Decoding (Qwen3-8B, n = 2/4/8): BBH 78.8 → 81.3/83.0/83.9, "
              "HellaSwag 79.7 → 83.1/85.0/85.3")
@@ -59,7 +64,7 @@ def collect(metrics_dir: str | Path, hd: HiddenDecodingConfig) -> dict[str, dict
     return out
 
 
-def _paired(cells: dict[str, dict[int, dict]], a: str, b: str) -> list[float]:
+def paired(cells: dict[str, dict[int, dict]], a: str, b: str) -> list[float]:
     """Per-seed loss(a) − loss(b): positive when b is better."""
     return [cells[a][s]["val_loss"] - cells[b][s]["val_loss"] for s in sorted(cells[a]) if s in cells[b]]
 
@@ -71,54 +76,107 @@ def comparisons(cells: dict[str, dict[int, dict]], hd: HiddenDecodingConfig) -> 
     r = roles(hd)
     base1 = r["base"].get(1)
     return {
-        "gain_tokens": {n: _paired(cells, base1, c) for n, c in r["base"].items() if n > 1 and base1},
-        "gain_flops": {n: _paired(cells, r["control"][n], c) for n, c in r["base"].items() if n in r["control"]},
-        "gain_full": {n: _paired(cells, base1, c) for n, c in r["full"].items() if n > 1 and base1},
-        "sfa_minus_full": {n: _paired(cells, c, r["full"][n]) for n, c in r["base"].items() if n in r["full"]},
-        "tables": {n: _paired(cells, c, r["base"][n]) for n, c in r["tied"].items() if n in r["base"]},
+        "gain_tokens": {n: paired(cells, base1, c) for n, c in r["base"].items() if n > 1 and base1},
+        "gain_flops": {n: paired(cells, r["control"][n], c) for n, c in r["base"].items() if n in r["control"]},
+        "gain_full": {n: paired(cells, base1, c) for n, c in r["full"].items() if n > 1 and base1},
+        "sfa_minus_full": {n: paired(cells, c, r["full"][n]) for n, c in r["base"].items() if n in r["full"]},
+        "tables": {n: paired(cells, c, r["base"][n]) for n, c in r["tied"].items() if n in r["base"]},
     }
 
 
-def _gated(entry: dict, premise: dict, why: str) -> dict:
-    """`entry` decided only when `premise` is reproduced; else inconclusive, saying which premise failed."""
-    entry["rule"] += f"; decided only if {premise['id']} is reproduced"
-    if premise["verdict"] != ledger.REPRODUCED:
-        entry["verdict"] = f"{ledger.INCONCLUSIVE} ({why} not reproduced: {premise['verdict']})"
-    return entry
+@dataclass(frozen=True)
+class Setting:
+    """What the ledger needs beside the comparisons: the cells' metrics (for the regime) and, for the premises,
+    either a probe's own premises (`probe`: learns the task, room, positive control; scalelab.analysis.hd_premises)
+    or the cells' validation curves (`curves`: cell → seed → [(tokens, val_loss)]) from which a continued
+    pretraining's recovery of the step-0 gap is read."""
+
+    hd: HiddenDecodingConfig
+    cells: dict[str, dict[int, dict]]
+    curves: dict[str, dict[int, list[tuple[float, float]]]] | None = None
+    probe: list[dict] | None = None
+
+    def regime(self, n: int) -> dict:
+        """The regime of a claim about n streams: the backbone's size, the base budget's tokens and steps."""
+        r = roles(self.hd)
+        one = self._first(r["base"].get(1)) or {}
+        base = self._first(r["base"].get(n)) or one
+        params = one.get("params")
+        table = self._table_params(r)
+        return hdp.regime(n, params=params, non_embedding_params=params - table if params and table else None,
+                          tokens=base.get("tokens"), steps=base.get("steps"), probe=self.probe is not None)
+
+    def premises(self, kind: str, treated: Sequence[tuple[str, int]]) -> list[dict]:
+        """The premises of a claim of `kind` ("gain", "grows", "full", "sfa", "tables") about the cells `treated`
+        ((role, n) pairs): the probe's, or each treated n > 1 cell's recovery; separate tables' divergence."""
+        r = roles(self.hd)
+        cells = [r[role][n] for role, n in treated if n > 1 and n in r[role]]
+        if self.probe is not None:
+            out = list(self.probe)
+        else:
+            base1 = r["base"].get(1)
+            curves = self.curves or {}
+            out = [hdp.recovered(c, hdp.gap_curve(curves.get(c, {}), curves.get(base1, {})) if base1 else [])
+                   for c in dict.fromkeys(cells)]
+        if kind == "tables":
+            sep = [r["base"][n] for role, n in treated if role == "base" and n in r["base"]]
+            out.append(hdp.tables_diverged(list(self.cells.get(sep[0], {}).values()) if sep else []))
+        return out
+
+    def _first(self, cell: str | None) -> dict | None:
+        by_seed = self.cells.get(cell) if cell else None
+        return by_seed[min(by_seed)] if by_seed else None
+
+    def _table_params(self, r: dict) -> int | None:
+        """One embedding table's parameters: what a separate-table n-stream cell adds per extra stream."""
+        one = self._first(r["base"].get(1))
+        for n, cell in sorted(r["base"].items()):
+            m = self._first(cell)
+            if n > 1 and one and m and m.get("params") and one.get("params"):
+                return (m["params"] - one["params"]) // (n - 1)
+        return None
 
 
-def claims(cmp: dict[str, dict[int, list[float]]], sfa_fraction: float, level: float = 0.95) -> list[dict]:
-    """Ledger entries (scalelab.analysis.claims): n beats n=1, and gains grow with n (where the smaller n's gain is
-    reproduced), at equal tokens and at equal FLOPs; full attention beats n=1; SFA keeps `sfa_fraction` of full
-    attention's gain (where full's gain is reproduced); separate tables beat tied ones."""
+def claims(cmp: dict[str, dict[int, list[float]]], setting: Setting, sfa_fraction: float,
+           level: float = 0.95) -> list[dict]:
+    """Ledger entries (scalelab.analysis.claims): n beats n=1, and gains grow with n, at equal tokens and at equal
+    FLOPs; full attention beats n=1; SFA keeps `sfa_fraction` of full attention's gain; separate tables beat tied
+    ones. Each with its regime and premises (`setting`); a growth claim also needs the smaller n's gain shown, an
+    SFA claim full attention's."""
     out = []
+
+    def entry(id, text, metric, diffs, published, n, kind, treated, extra=()):
+        return ledger.claim(id, text, metric, diffs, published, level, regime=setting.regime(n),
+                            premises=[*setting.premises(kind, treated), *extra])
+
     for key, where in (("gain_tokens", "equal tokens"), ("gain_flops", "equal FLOPs")):
         gains, tag = cmp[key], key.split("_")[1]
-        entries = {n: ledger.claim(f"C.gain.{tag}.n{n}", f"n = {n} lowers last-stream val loss vs n = 1 at {where}",
-                                   "val_loss(n=1) − val_loss(n)", gains[n], PUBLISHED, level) for n in sorted(gains)}
-        out.extend(entries.values())
+        for n in sorted(gains):
+            out.append(entry(f"C.gain.{tag}.n{n}", f"n = {n} lowers last-stream val loss vs n = 1 at {where}",
+                             "val_loss(n=1) − val_loss(n)", gains[n], PUBLISHED, n, "gain", [("base", n)]))
         ns = sorted(gains)
         for lo, hi in zip(ns, ns[1:]):
             grow = [b - a for a, b in zip(gains[lo], gains[hi])]
-            out.append(_gated(ledger.claim(f"C.grows.{tag}.n{lo}-n{hi}",
-                                           f"the gain grows with n at {where}: n = {hi} beats n = {lo}",
-                                           f"gain(n={hi}) − gain(n={lo})", grow, PUBLISHED, level),
-                              entries[lo], f"the gain at n = {lo}"))
+            ref = hdp.shown(f"gain at n = {lo}", gains[lo], level, f"n = {lo} gains over n = 1 at {where}")
+            out.append(entry(f"C.grows.{tag}.n{lo}-n{hi}", f"the gain grows with n at {where}: n = {hi} beats n = {lo}",
+                             f"gain(n={hi}) − gain(n={lo})", grow, PUBLISHED, hi, "grows",
+                             [("base", lo), ("base", hi)], [ref]))
     for n, gains in sorted(cmp["gain_full"].items()):
-        full = ledger.claim(f"C.gain.full.n{n}", f"full attention at n = {n} lowers val loss vs n = 1 at equal tokens",
-                            "val_loss(n=1) − val_loss(full, n)", gains, PUBLISHED_SFA, level)
-        out.append(full)
+        out.append(entry(f"C.gain.full.n{n}", f"full attention at n = {n} lowers val loss vs n = 1 at equal tokens",
+                         "val_loss(n=1) − val_loss(full, n)", gains, PUBLISHED_SFA, n, "full", [("full", n)]))
         if n not in cmp["gain_tokens"]:
             continue
         kept = [g_sfa - sfa_fraction * g_full for g_sfa, g_full in zip(cmp["gain_tokens"][n], gains)]
-        out.append(_gated(ledger.claim(f"C.sfa.n{n}",
-                                       f"SFA keeps ≥ {sfa_fraction:.0%} of full attention's gain over n = 1 "
-                                       f"at n = {n}",
-                                       f"gain(SFA) − {sfa_fraction}·gain(full)", kept, PUBLISHED_SFA, level),
-                          full, f"full attention's gain at n = {n}"))
+        ref = hdp.shown(f"full attention's gain at n = {n}", gains, level,
+                        f"full attention at n = {n} gains over n = 1")
+        out.append(entry(f"C.sfa.n{n}",
+                         f"SFA keeps ≥ {sfa_fraction:.0%} of full attention's gain over n = 1 at n = {n}",
+                         f"gain(SFA) − {sfa_fraction}·gain(full)", kept, PUBLISHED_SFA, n, "sfa",
+                         [("base", n), ("full", n)], [ref]))
     for n, diffs in sorted(cmp["tables"].items()):
-        out.append(ledger.claim(f"C.tables.n{n}", f"separate tables beat tied tables at n = {n} (the control)",
-                                "val_loss(tied) − val_loss(separate)", diffs, PUBLISHED, level))
+        out.append(entry(f"C.tables.n{n}", f"separate tables beat tied tables at n = {n} (the control)",
+                         "val_loss(tied) − val_loss(separate)", diffs, PUBLISHED, n, "tables",
+                         [("tied", n), ("base", n)]))
     return out
 
 
