@@ -1,17 +1,16 @@
-"""DVC stage `compress_summary`: the compression study against the published ordering (METHODS §D).
+"""DVC stage `compress_summary`: the compression study against the published ordering.
 
 Reads every seed of the current grid (metrics/compress/seed-<s>.json, plots/compress/seed-<s>.json).
 Outs: data/compress_summary/{cells.csv, summary.csv, ppl.png, erank_loss.png, mlflow_run.json},
 metrics/compress.json (perplexity, layer loss relative to SVD-LLM, forward tokens/s and weight bytes per method and
-kept fraction, SigmaScale's convergence), metrics/claims_d.json (the claims ledger), plots/compress.csv.
+kept fraction, SigmaScale's convergence), metrics/claims_d.json (the claims ledger: scalelab.compress.ledger, the
+same function that rebuilds a committed study's ledger from its files), plots/compress.csv.
 """
 
-import json
 import sys
 from pathlib import Path
 
 from scalelab.config import Params, ParamsError
-from scalelab.data import DataError
 from scalelab.pipeline.stage import stage_main
 
 
@@ -20,24 +19,15 @@ def main(params: Params) -> None:
     if cfg is None:
         raise ParamsError("params has no compress section")
     grid = cfg.grid
-    files = {s: Path("metrics/compress") / f"seed-{s}.json" for s in grid.seeds}
-    if missing := [str(f) for f in files.values() if not f.is_file()]:
-        raise DataError(f"compress seeds not run yet: {missing} (run the compress stage)")
-    by_name = {c["cell"]: c for f in files.values() for c in json.loads(f.read_text())["cells"]}
-    names = {(m, float(k), s): cfg.cell(m, str(k), s) for m in grid.methods for k in grid.keep for s in grid.seeds}
-    if missing := [n for n in names.values() if n not in by_name]:
-        raise DataError(f"compress cells missing from their seed's metrics: {missing} (rerun the compress stage)")
 
     import polars as pl
 
     from scalelab import tracking
-    from scalelab.compress import summary
-    from scalelab.data import atomic_dir, write_json_atomic
     from scalelab.analysis import claims
+    from scalelab.compress import ledger, summary
+    from scalelab.data import atomic_dir, write_json_atomic
 
-    plots = {s: json.loads((Path("plots/compress") / f"seed-{s}.json").read_text()) for s in grid.seeds}
-    cells = [by_name[n] for n in names.values()]
-    layers = {key: plots[key[2]][n] for key, n in names.items()}
+    cells, layers = summary.load(Path("."), cfg)
     out = Path("data/compress_summary")
     with tracking.stage_run("compress_summary", params={"grid": grid.model_dump(mode="json")},
                             experiment=params.tracking.experiment, deps=["metrics/compress"]) as run:
@@ -46,9 +36,7 @@ def main(params: Params) -> None:
         layer_table = summary.layers_table({key: recs for key, recs in layers.items() if key[0] in own})
         by_method = summary.by_method(table)
         dense = table["ppl_dense"].mean()
-        entries = [claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"], cfg.claims_level,
-                                s.get("unusable"))
-                   for s in summary.claim_specs(table, layer_table, cfg)]
+        entries = ledger.ledger(cells, layers, cfg)
         with atomic_dir(out) as tmp:
             table.write_csv(tmp / "cells.csv")
             by_method.write_csv(tmp / "summary.csv")
@@ -74,7 +62,7 @@ def main(params: Params) -> None:
             return {m: {f"{r['keep']:g}": r[column] for r in by_method.filter(pl.col("method") == m)
                         .iter_rows(named=True)} for m in grid.methods}
 
-        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        # outs and metrics inside the run: FINISHED only once they are written
         write_json_atomic("metrics/compress.json", {
             "ppl_dense": dense, "ppl": per("ppl"), "loss_rel_svd_llm": per("loss_rel_svd_llm"),
             "tokens_per_s_dense": table["tokens_per_s_dense"].mean(), "tokens_per_s": per("tokens_per_s"),

@@ -619,60 +619,140 @@ def test_bad_compress_params_are_named():
         parse_params(raw)
 
 
-def test_summary_claims_follow_the_measured_differences(tmp_path):
-    from scalelab.compress import summary
+def _study(alloc_ranks: bool = True):
+    """Cells and maps of a 3-seed grid whose orderings hold by construction: each method's val NLL, a SigmaScale
+    that reached its plateau on every map, an SVD-LLM twin with the sensitivity allocation (off-uniform ranks where
+    `alloc_ranks`), a refined SVD-LLM, each layer's loss falling with its erank ratio (the claimed correlation)."""
+    from scalelab.compress.rank import rank_for
     from scalelab.config import CompressConfig
-    from scalelab.analysis import claims
 
-    nll = {"svd_llm": 4.0, "sigmascale": 4.1, "fwsvd": 4.2, "asvd": 4.3, "svd": 4.5, "svd_llm_e2e": 4.05}
+    nll = {"svd_llm": 4.0, "sigmascale": 4.1, "fwsvd": 4.2, "asvd": 4.3, "svd": 4.5, "svd_llm_e2e": 4.05,
+           "svd_llm_sens": 3.9}
+    shapes = [(12, 8), (8, 8), (20, 8), (8, 20)]
     cells, layers = [], {}
     for method, value in nll.items():
         for seed in (0, 1, 2):
             v = value + 0.01 * seed + 0.002 * np.random.default_rng([seed, *map(ord, method)]).standard_normal()
-            cells.append({"method": method, "kind": method, "keep": 0.5, "seed": seed, "val_nll": v,
-                          "ppl": math.exp(v), "ppl_dense": 50.0, "loss_rel_svd_llm": 1.0, "seconds": 1.0})
-            # a method's loss falls with its erank ratio: the claimed correlation, exactly
+            ranks = [rank_for(m, n, 0.5) for m, n in shapes]
+            if method == "svd_llm_sens" and alloc_ranks:
+                ranks = [ranks[0] + 1, ranks[1] - 1, ranks[2], None]
+            cells.append({"method": method, "kind": method, "allocation": "sensitivity" if method == "svd_llm_sens"
+                          else "uniform", "keep": 0.5, "seed": seed, "val_nll": v, "ppl": math.exp(v),
+                          "val_nll_dense": 3.8, "ppl_dense": math.exp(3.8), "loss_rel_svd_llm": 1.0, "seconds": 1.0,
+                          "linear_weights_kept": 0.49, "calib_tokens": 512, "params_dense": 10_000})
             ratio = [1.0 if method == "svd" else (0.5 + value - 4) * (1 - 0.1 * i) for i in range(4)]
-            layers[method, 0.5, seed] = [{"name": f"l{i}", "rank": 3, "loss": r * (i + 1), "loss_rel_svd_llm": 1.0,
-                                          "erank_before": 10.0, "erank_after": 10.0 * r, "seconds": 0.1,
-                                          **({"steps": 300, "stop": "plateau", "best_over_init": 0.5}
-                                             if method == "sigmascale" else {})}
-                                         for i, r in enumerate(ratio)]
-    cfg = CompressConfig.model_validate({"methods": {m: {"kind": "svd_llm" if m == "svd_llm_e2e" else m,
-                                                         **({"refine": "blocks"} if m == "svd_llm_e2e" else {})}
+            layers[method, 0.5, seed] = [{"name": f"l{i}", "m": m, "n": n, "rank": k, "loss": r * (i + 1),
+                                          "loss_rel_svd_llm": 1.0, "erank_before": 10.0, "erank_after": 10.0 * r,
+                                          "seconds": 0.1, **({"steps": 300, "stop": "plateau", "best_over_init": 0.5}
+                                                             if method == "sigmascale" else {})}
+                                         for i, (r, (m, n), k) in enumerate(zip(ratio, shapes, ranks))]
+    cfg = CompressConfig.model_validate({"methods": {m: {"kind": "svd_llm" if m.startswith("svd_llm") else m,
+                                                         **({"refine": "blocks"} if m == "svd_llm_e2e" else {}),
+                                                         **({"allocation": "sensitivity"} if m == "svd_llm_sens"
+                                                            else {})}
                                                      for m in nll},
                                          "grid": {"methods": list(nll), "keep": [0.5], "seeds": [0, 1, 2]}})
-    assert summary.distinct(cfg) == set(nll) - {"svd_llm_e2e"}  # a refined variant repeats its base's layers
-    table = summary.cells_table(cells)
-    layer_table = summary.layers_table({k: v for k, v in layers.items() if k[0] in summary.distinct(cfg)})
-    def ledger(layer_table):
-        return {s["id"]: claims.claim(s["id"], s["text"], s["metric"], s["diffs"], s["published"],
-                                      unusable=s.get("unusable"))
-                for s in summary.claim_specs(table, layer_table, cfg)}
+    return cells, layers, cfg
 
-    entries = ledger(layer_table)
-    assert entries["d.order.svd_llm.sigmascale@0.5"]["effect"] == pytest.approx(0.1, abs=0.005)
-    beyond = entries.pop("d.beyond.svd_llm_e2e.svd_llm@0.5")
-    assert beyond["effect"] == pytest.approx(-0.05, abs=0.005) and beyond["verdict"] == "contradicted"  # worse than SVD-LLM
+
+def test_summary_claims_follow_the_measured_differences(tmp_path):
+    from scalelab.analysis import claims
+    from scalelab.compress import ledger, summary
+
+    cells, layers, cfg = _study()
+
+    def entries(cells, layers):
+        return {e["id"]: e for e in ledger.ledger(cells, layers, cfg)}
+
+    base = entries(cells, layers)
+    assert summary.distinct(cfg) == set(cfg.methods) - {"svd_llm_e2e"}  # a refined variant repeats its base's layers
+    assert base["d.order.svd_llm.sigmascale@0.5"]["effect"] == pytest.approx(0.1, abs=0.005)
+    beyond = base["d.beyond.svd_llm_e2e.svd_llm@0.5"]
+    assert beyond["effect"] == pytest.approx(-0.05, abs=0.005) and beyond["verdict"] == "contradicted"  # worse
+    alloc = base["d.alloc.svd_llm_sens.svd_llm@0.5"]
+    assert alloc["verdict"] == "reproduced" and alloc["effect"] == pytest.approx(0.1, abs=0.005)
+    assert {p["name"]: p["value"] for p in alloc["premises"]}["allocation differs from uniform"] == (
+        "9 of 12 maps off the uniform rank (svd_llm_sens at ρ 0.5)")
     # Spearman ρ = 1 exactly in every seed: identical per-seed values, a degenerate t interval (claims.py's rule)
     for key in ("d.erank_loss", "d.erank_loss.sigmascale"):
-        erank = entries.pop(key)
-        assert erank["effect"] == pytest.approx(1.0) and erank["verdict"] == "inconclusive (no seed variance)", erank
-    assert len(entries) == 5 and all(e["verdict"] == "reproduced" for e in entries.values()), entries
-    # the same numbers from a SigmaScale stopped by its cap on 2 of 4 maps per seed: its claims cannot decide
+        assert base[key]["effect"] == pytest.approx(1.0) and base[key]["verdict"] == "inconclusive (no seed variance)"
+    orders = [e for k, e in base.items() if k.startswith("d.order.")]
+    assert len(orders) == 5 and all(e["verdict"] == "reproduced" for e in orders), orders
+    assert all(p["passed"] for e in base.values() for p in e["premises"])
+    # every entry carries its regime, measured from the cells and maps; SigmaScale's steps only where it takes part
+    sigma, plain = base["d.order.sigmascale.asvd@0.5"]["regime"], base["d.order.asvd.svd@0.5"]["regime"]
+    assert (sigma["params"], sigma["non_embedding_params"], sigma["tokens"], sigma["steps"], sigma["scope"]) == (
+        10_000, 96 + 64 + 160 + 160, 512, 300, "small-scale") and plain["steps"] is None
+    assert base["d.order.asvd.svd@0.5"]["paper_effect"] == pytest.approx(math.log(20061 / 11.14))
+
+    # a SigmaScale stopped by its cap on 3 of 4 maps per seed: a failed premise, never a verdict on its numbers
     for (method, _, _), recs in layers.items():
-        for rec in recs[:2] if method == "sigmascale" else ():
+        for rec in recs[:3] if method == "sigmascale" else ():
             rec.update(steps=20, stop="cap")
-    capped = ledger(summary.layers_table({k: v for k, v in layers.items() if k[0] in summary.distinct(cfg)}))
+    capped = entries(cells, layers)
     for key, entry in capped.items():
         if "sigmascale" in key:
-            assert entry["verdict"] == "inconclusive (sigmascale unconverged: 6 of 12 maps stopped by the step cap)"
-            assert entry["effect"] == pytest.approx(ledger(layer_table)[key]["effect"])
+            assert entry["verdict"] == ("untested (SigmaScale converged: 3 of 12 maps at the plateau "
+                                        "(sigmascale at ρ 0.5))")
+            assert claims.verdict_of(entry) not in (claims.REPRODUCED, claims.CONTRADICTED)
+            assert entry["effect"] == pytest.approx(base[key]["effect"])  # the numbers are still reported
         else:
-            assert entry["verdict"] == ledger(layer_table)[key]["verdict"], key
+            assert entry["verdict"] == base[key]["verdict"], key
+
+    # a fixed-length run (`stop: fixed`) has reached its plateau where the rule fired on the way, not where it never did
+    for (method, _, _), recs in layers.items():
+        for i, rec in enumerate(recs if method == "sigmascale" else ()):
+            rec.update(steps=300, stop="fixed", plateau_step=120 if i else None)  # the first map: never
+    fixed = entries(cells, layers)
+    assert fixed["d.order.sigmascale.asvd@0.5"]["verdict"] == (
+        "untested (SigmaScale converged: 9 of 12 maps at the plateau (sigmascale at ρ 0.5))")
+    for (method, _, _), recs in layers.items():
+        for rec in recs if method == "sigmascale" else ():
+            rec.update(plateau_step=120)
+    assert entries(cells, layers)["d.order.sigmascale.asvd@0.5"]["verdict"] == "reproduced"
+    counted = summary.convergence(summary.layers_table({k: v for k, v in layers.items() if k[0] == "sigmascale"}))
+    assert (counted["plateau"], counted["maps"], counted["cap"]) == (12, 12, 0)
+
+    # the allocation that moved no rank off uniform cannot speak for the allocation
+    same = entries(*_study(alloc_ranks=False)[:2])["d.alloc.svd_llm_sens.svd_llm@0.5"]
+    assert same["verdict"] == ("untested (allocation differs from uniform: 0 of 12 maps off the uniform rank "
+                               "(svd_llm_sens at ρ 0.5))")
+    # a model that loses (almost) nothing to any factorization (the dense loss just below plain SVD's) leaves no room
+    # to order the methods
+    for c in cells:
+        c["val_nll_dense"] = 4.49 + 0.01 * c["seed"]
+    lossless = entries(cells, _study()[1])
+    assert lossless["d.order.asvd.svd@0.5"]["verdict"].startswith("untested (compression acted: svd +0.0")
+    assert all(e["verdict"].startswith("untested (compression acted: ") for k, e in lossless.items()
+               if not k.startswith("d.erank_loss")), lossless
+    for c in cells:
+        c["val_nll_dense"] = 3.8
+    # a method that kept more weights than the budget is not compared at the same kept fraction
+    for c in cells:
+        c["linear_weights_kept"] = 0.6 if c["method"] == "asvd" else 0.49
+    over = entries(cells, _study()[1])["d.order.sigmascale.asvd@0.5"]["verdict"]
+    assert over == "untested (same budget: sigmascale keeps 0.4900, asvd keeps 0.6000)"
+
+    table = summary.cells_table(cells)
+    layer_table = summary.layers_table({k: v for k, v in layers.items() if k[0] in summary.distinct(cfg)})
     summary.plot_ppl(summary.by_method(table), 50.0, tmp_path / "ppl.png")
     assert summary.plot_erank(layer_table, tmp_path / "erank.png") == pytest.approx(1.0)
     assert (tmp_path / "ppl.png").stat().st_size > 0 and (tmp_path / "erank.png").stat().st_size > 0
+
+
+def test_committed_ledger_is_regenerated_from_its_cells():
+    """results/compression-smollm2's ledger is what study.json's generator rebuilds from the per-cell files."""
+    import json
+
+    from scalelab.analysis import claims
+    from scalelab.analysis.studies import generator
+
+    folder = Path(__file__).resolve().parents[1] / "results" / "compression-smollm2"
+    meta = json.loads((folder / "study.json").read_text())
+    rebuilt = generator(meta["generator"])(folder)
+    assert rebuilt == claims.read_claims(folder / meta["ledger"])
+    converged = {p["value"] for e in rebuilt for p in e["premises"] if p["name"] == "SigmaScale converged"}
+    assert converged == {"384 of 420 maps at the plateau (sigmascale at ρ 0.75)"}
 
 
 # ---------------------------------------------------------------- mutation checks (tests/mutants.py)
@@ -730,6 +810,14 @@ def _(monkeypatch):
     monkeypatch.setattr(importlib.import_module("scalelab.compress.sigmascale"), "plateaued", lambda h, p, t: None)
 
 
+@mutant("converged-premise-off")  # the ledger decides on a SigmaScale whatever its maps' stops
+def _(monkeypatch):
+    from scalelab.compress import ledger
+
+    real = ledger.converged
+    monkeypatch.setattr(ledger, "converged", lambda maps, method, keep: {**real(maps, method, keep), "passed": True})
+
+
 @mutant("calibration-per-cell")  # every cell recollects the statistics (the pre-issue-18 behaviour)
 def _(monkeypatch):
     from scalelab.compress import cells, shared
@@ -765,6 +853,7 @@ CAUGHT = [
     ("svd-llm-unwhitened", f"{T}test_svd_llm_loss_is_the_discarded_singular_values_of_whitened_w"),
     ("sigmascale-kept-subspace", f"{T}test_fast_sigmascale_step_matches_the_full_differentiable_svd"),
     ("sigmascale-no-plateau-stop", f"{T}test_sigmascale_stops_by_the_official_plateau_rule"),
+    ("converged-premise-off", f"{T}test_summary_claims_follow_the_measured_differences"),
     ("calibration-per-cell", f"{T}test_calibration_is_computed_once_per_seed_and_shared"),
     ("refine-in-model-dtype", f"{T}test_refinement_moves_bfloat16_factors_and_balances_them_first"),
 ]

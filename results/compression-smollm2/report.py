@@ -4,7 +4,9 @@
 
 Inputs (copied from the study's run, see README "Command"): metrics/compress/seed-<s>.json (one metrics object per
 cell), plots/compress/seed-<s>.json (per cell, per map: rank, layer loss, SigmaScale's convergence),
-metrics/compress.json and metrics/claims_d.json (the compress_summary stage), study.json (command, commit, wall time).
+metrics/compress.json (the compress_summary stage), metrics/claims_d.json (the ledger, which study.json's `generator`
+rebuilds from the per-cell files by today's rule: `python -m scalelab.analysis.studies --write
+results/compression-smollm2`), study.json (command, commit, wall time).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from scalelab.analysis import claims as ledger_rules
 
 HERE = Path(__file__).resolve().parent
 KINDS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -79,11 +83,27 @@ def convergence(layers: dict) -> tuple[list[str], dict]:
 
 
 def claims_table(claims: list[dict]) -> list[str]:
-    rows = ["| id | claim | effect ± spread (nats or ρ) | seeds | verdict |", "|---|---|---|---|---|"]
+    rows = ["| id | claim | effect ± spread (nats or ρ) | paper | δ | seeds | verdict | premises |",
+            "|---|---|---|---|---|---|---|---|"]
     for e in claims:
         spread = f" ± {e['spread']:.3f}" if e["spread"] is not None else ""
-        rows.append(f"| {e['id']} | {e['claim']} | {fmt(e['effect'])}{spread} | {e['n_seeds']} | **{e['verdict']}** |")
+        paper = fmt(e["paper_effect"]) if isinstance(e["paper_effect"], float) else e["paper_effect"] or "–"
+        rows.append(f"| {e['id']} | {e['claim']} | {fmt(e['effect'])}{spread} | {paper} | {e['smallest_effect']:g} | "
+                    f"{e['n_seeds']} | **{e['verdict']}** | {ledger_rules.premises_text(e['premises'])} |")
     return rows
+
+
+def regime_line(claims: list[dict]) -> str:
+    """The regime every entry shares (the longest SigmaScale map only on the entries with a SigmaScale side)."""
+    r = claims[0]["regime"]
+    steps = sorted({e["regime"]["steps"] for e in claims if e["regime"]["steps"]})
+    return (f"Regime of every entry (`regime`): {r['params'] / 1e6:.1f}M parameters, "
+            f"{r['non_embedding_params'] / 1e6:.1f}M of them in the decoder's linear maps, {r['tokens']} calibration "
+            "tokens a seed"
+            + (f", SigmaScale's longest map {', '.join(map(str, steps))} steps" if steps else "")
+            + f"; scope {r['scope']} (a sign on a real model at this scale); the paper's: {r['paper']}. `δ` is each "
+            "claim's smallest effect of interest (an interval wholly below it contradicts); `paper` is the published "
+            "effect in the same metric where the paper states one (its LLaMA-7B table at 20% of weights removed).")
 
 
 def main() -> None:
@@ -95,7 +115,7 @@ def main() -> None:
     ppl = {m: statistics.fmean(c["val_nll"] for c in cells if c["method"] == m) for m in {c["method"] for c in cells}}
     ranked = " < ".join(f"{m} {math.exp(v):.4g}" for m, v in sorted(ppl.items(), key=lambda kv: kv[1]))
     text = [
-        "# Compression on SmolLM2-135M-Instruct (METHODS §D), committed study",
+        "# Compression on SmolLM2-135M-Instruct, committed study",
         "",
         "<!-- written by results/compression-smollm2/report.py from the files beside it: edit that, not this -->",
         "",
@@ -114,9 +134,10 @@ def main() -> None:
         "## What it leaves out, and why",
         "",
         "- ρ 0.9 and 0.5, the sensitivity allocation and the beyond-paper variants: a converged SigmaScale costs "
-        f"{conv['seconds'] / 60 / len(study['seeds']):.0f} min of one core per seed at one ρ (210 maps, each to its "
-        "plateau), and this session could give it the 2 cores that long once. Two seeds at one ρ decide the published "
-        "ordering; a wider grid is the same command with `grid.keep` and `methods` extended.",
+        f"{conv['seconds'] / 60 / len(study['seeds']):.0f} min of one core per seed at one ρ "
+        f"({conv['maps'] // len(study['seeds'])} maps, each to its plateau), and the 2 cores were free for it that "
+        "long once. Two seeds at one ρ decide the published ordering; a wider grid is the same command with "
+        "`grid.keep` and `methods` extended.",
         "",
         "## Perplexity (method × ρ)",
         "",
@@ -137,6 +158,8 @@ def main() -> None:
         "",
         *claims_table(claims),
         "",
+        regime_line(claims),
+        "",
         f"Ordering by perplexity (geometric mean over seeds): {ranked}. erank-vs-loss Spearman correlation pooled over "
         f"every cell's layers: {fmt(summary['erank_loss_spearman'], 3)}.",
         "",
@@ -145,41 +168,62 @@ def main() -> None:
         "`metrics/compress/seed-<s>.json` (every cell), `plots/compress/seed-<s>.json` (every map),",
         "`metrics/compress.json`, `metrics/claims_d.json` and `compress_summary/{cells,summary}.csv` (the summary "
         "stage), `benchmark.json`/`benchmark.txt` (`benchmarks/compress.py`: the fast step against the full "
-        "differentiable SVD), `study.json`.",
+        "differentiable SVD), `study.json` (its `generator` rebuilds `metrics/claims_d.json` from the per-cell "
+        "files by today's rule).",
         "",
     ]
-    text += ["## Reading", "", *reading(cells, claims, conv, conv_rows), ""]
+    text += ["## Reading", "", *reading(cells, layers, claims, conv, conv_rows), ""]
     (HERE / "README.md").write_text("\n".join(text))
 
 
-def reading(cells: list[dict], claims: list[dict], conv: dict, conv_rows: list[str]) -> list[str]:
-    """What the tables say, each number computed from them."""
+def reading(cells: list[dict], layers: dict, claims: list[dict], conv: dict, conv_rows: list[str]) -> list[str]:
+    """What the tables say, each number and verdict read from them."""
+    from scalelab.compress.ledger import PAPER_PPL
+
     nll = {m: statistics.fmean(c["val_nll"] for c in cells if c["method"] == m) for m in {c["method"] for c in cells}}
     by_id = {e["id"].split("@")[0]: e for e in claims}
+    verdict = {k: ledger_rules.verdict_of(e) for k, e in by_id.items()}
     gap = by_id["d.order.svd_llm.sigmascale"]["effect"]
     capped = {row.split(" | ")[0].strip("| "): int(row.split(" | ")[3]) for row in conv_rows[2:]}
     worst = max(capped, key=capped.get)
     plateau = conv.get("plateau", 0) + conv.get("rising", 0)
+    premise = next(p for e in claims for p in e["premises"] if p["name"] == "SigmaScale converged")
+    orders = [k for k in by_id if k.startswith("d.order.")]
+    held = [by_id[k]["claim"].split(" in perplexity")[0] for k in orders if verdict[k] == ledger_rules.REPRODUCED]
+    open_ = [f"{by_id[k]['claim'].split(' in perplexity')[0]} {verdict[k]}" for k in orders
+             if verdict[k] != ledger_rules.REPRODUCED]
     fw = sorted((c["ppl"] for c in cells if c["method"] == "fwsvd"))
+    blocks = len({r["name"].rsplit(".", 2)[0] for r in next(iter(layers.values()))})
+    keeps = ", ".join(f"{k:g}" for k in sorted({c["keep"] for c in cells}))
+    seeds = sorted({e["n_seeds"] for e in claims})
+    erank = [k for k in by_id if k.startswith("d.erank_loss")]
+
+    def rel(method: str) -> float:
+        return math.exp(statistics.fmean(math.log(c["loss_rel_svd_llm"]) for c in cells if c["method"] == method))
+
     return [
-        f"- **SigmaScale ran to convergence.** {plateau} of {conv['maps']} maps stopped by the plateau rule; the "
+        f"- **SigmaScale {'ran' if premise['passed'] else 'did not run'} to convergence.** {plateau} of "
+        f"{conv['maps']} maps stopped by the plateau rule; the "
         f"{conv.get('cap', 0)} at the cap are mostly `{worst}` ({capped[worst]} of them), whose objective was still "
-        "creeping down. That is within the ledger's rule for a converged run (at most `UNCONVERGED_MAX` of the maps "
-        "at the cap, fixed before this run), so its claims are decided; the default profile's 20-step SigmaScale "
-        "decides none of them.",
-        f"- **The published ordering holds on a real model.** SVD-LLM ≤ SigmaScale < FWSVD, ASVD < plain SVD: "
-        f"SigmaScale's perplexity is {math.exp(gap):.1f}× SVD-LLM's and {math.exp(nll['asvd'] - nll['sigmascale']):.0f}× "
-        "below ASVD's; every ordering claim but FWSVD < SVD is reproduced with both seeds. FWSVD's two seeds differ "
-        f"{fw[-1] / fw[0]:.1f}×, so its place against plain SVD is inconclusive.",
-        "- **The gaps are far wider than the paper's LLaMA-7B table** (20% of weights removed: SVD-LLM 7.94, ASVD "
-        "11.14). A 135M model with uniform ranks has little redundancy to give at ρ = 0.75: ASVD, FWSVD and plain SVD "
-        "collapse it (perplexities of a million and more), and per-layer errors that differ by a small factor "
-        f"(SigmaScale {math.exp(statistics.fmean(math.log(c['loss_rel_svd_llm']) for c in cells if c['method'] == 'sigmascale')):.2f}×"
-        f" SVD-LLM's layer loss, ASVD {math.exp(statistics.fmean(math.log(c['loss_rel_svd_llm']) for c in cells if c['method'] == 'asvd')):.2f}×)"
-        " compound through 30 blocks into perplexities orders of magnitude apart.",
-        "- **SigmaScale stays above SVD-LLM**, the published ordering (METHODS §D): diagonal row and column scalings cannot reach "
+        f"creeping down. The ledger's premise \"SigmaScale converged\" ({premise['need']}, fixed before this run) "
+        f"{'holds' if premise['passed'] else 'fails'}, so the claims on SigmaScale are "
+        f"{'decided' if premise['passed'] else 'untested'}; the default profile's SigmaScale, capped far short of its "
+        "plateau, fails it and leaves every such claim untested.",
+        f"- **The published ordering on a real model.** Reproduced with {', '.join(map(str, seeds))} seeds: "
+        f"{', '.join(held) or 'none'}" + (f"; {', '.join(open_)}" if open_ else "") + ". "
+        f"SigmaScale's perplexity is {math.exp(gap):.1f}× SVD-LLM's and "
+        f"{math.exp(nll['asvd'] - nll['sigmascale']):.0f}× below ASVD's."
+        + (f" FWSVD's two seeds differ {fw[-1] / fw[0]:.1f}×: that spread leaves its place against plain SVD open."
+           if verdict.get("d.order.fwsvd.svd") == ledger_rules.INCONCLUSIVE else ""),
+        f"- **The gaps are far wider than the paper's LLaMA-7B table** (20% of weights removed: SVD-LLM "
+        f"{PAPER_PPL['svd_llm']:g}, ASVD {PAPER_PPL['asvd']:g}). A 135M model with uniform ranks has little "
+        f"redundancy to give at ρ = {keeps}: ASVD, FWSVD and plain SVD collapse it (perplexities of a million and "
+        f"more), and per-layer errors that differ by a small factor (SigmaScale {rel('sigmascale'):.2f}× SVD-LLM's "
+        f"layer loss, ASVD {rel('asvd'):.2f}×) compound through {blocks} blocks into perplexities orders of magnitude apart.",
+        "- **SigmaScale stays above SVD-LLM**, the published ordering: diagonal row and column scalings cannot reach "
         "the layer-wise optimum that SVD-LLM's full whitening gives. Lower effective rank after scaling goes with lower "
-        "layer loss, pooled and within SigmaScale's own learned scalings (reproduced).",
+        "layer loss, pooled and within SigmaScale's own learned scalings ("
+        + ", ".join(f"`{k}` {verdict[k]}" for k in erank) + ").",
         "- **Not measured here:** the sensitivity allocation (the paper's default; uniform only), ρ 0.9 and 0.5, and "
         "the beyond-paper variants (`svd_llm_e2e`, SigmaScale warm-started at SVD-LLM's whitening diagonal).",
     ]

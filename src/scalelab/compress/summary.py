@@ -1,18 +1,14 @@
-"""The compression study's summary (METHODS §D reproduction target): tables, plots and the differences behind each
-claim. The ledger entries themselves are built by the summary stage with scalelab.analysis.claims.
+"""The compression study's summary: its cells and maps read back, the tables and plots over them (the claims ledger
+built on these tables is compress/ledger.py).
 
-Claims (differences oriented so that positive is the claim's direction, paired by calibration seed):
-    published ordering at each kept fraction, in validation loss (nats; ppl = exp):
-        SVD-LLM ≤ SigmaScale,  SigmaScale < ASVD,  SigmaScale < FWSVD,  ASVD < SVD,  FWSVD < SVD
-    beyond the paper: each warm-started SigmaScale or end-to-end refined method < SVD-LLM
-    spectrum: per seed, Spearman correlation over (method, kept fraction, layer) between erank_after/erank_before
-        and the layer loss relative to plain SVD's (same layer, rank and seed): positive = lower erank, lower loss.
-        Only methods that are a scaling of their own count (`distinct`): a refined variant repeats its base method's
-        layers and would count them twice. A layer is compared with plain SVD's at the same rank (same allocation).
+Every cell's metrics (metrics/compress/seed-<s>.json) and every map of it (plots/compress/seed-<s>.json: rank, layer
+loss, effective rank before and after scaling, SigmaScale's steps and stop) are keyed (method, kept fraction, seed).
+A layer is compared with plain SVD's at the same rank (same allocation), seed and map.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,18 +16,29 @@ from pathlib import Path
 import polars as pl
 
 from scalelab.config.compress import CompressConfig
+from scalelab.data import DataError
 
-PUBLISHED = ("LLaMA-7B WikiText-2 ppl at 20% of weights removed: SVD-LLM 7.94, ASVD 11.14, FWSVD 1727, SVD 20061 "
-             "(SigmaScale, arXiv 2606.07098)")
-# (better, worse, claim text): the published ordering, by method name in the grid
-ORDERING = [
-    ("svd_llm", "sigmascale", "SVD-LLM ≤ SigmaScale in perplexity"),
-    ("sigmascale", "asvd", "SigmaScale < ASVD in perplexity"),
-    ("sigmascale", "fwsvd", "SigmaScale < FWSVD in perplexity"),
-    ("asvd", "svd", "ASVD < plain SVD in perplexity"),
-    ("fwsvd", "svd", "FWSVD < plain SVD in perplexity"),
-]
-UNCONVERGED_MAX = 0.1  # the share of a SigmaScale cell set's maps that may stop by the cap before it cannot decide
+PLATEAU = ("plateau", "rising")  # SigmaScale's stops by the official plateau rule; the others: "cap", "nonfinite"
+# A map that reached its plateau: stopped by the rule, or run for the fixed number of steps (`stop: fixed`) with the
+# rule firing on the way (its `plateau_step`) and no non-finite step after
+AT_PLATEAU = pl.col("stop").is_in(PLATEAU) | ((pl.col("stop") == "fixed") & pl.col("plateau_step").is_not_null())
+
+
+def load(root: Path, cfg: CompressConfig) -> tuple[list[dict], dict[tuple[str, float, int], list[dict]]]:
+    """Every cell of the grid (metrics/compress/seed-<s>.json under `root`) and its maps (plots/compress/...), keyed
+    (method, keep, seed)."""
+    grid, root = cfg.grid, Path(root)
+    files = {s: root / "metrics/compress" / f"seed-{s}.json" for s in grid.seeds}
+    if missing := [str(f) for f in files.values() if not f.is_file()]:
+        raise DataError(f"compress seeds not run yet: {missing} (run the compress stage)")
+    by_name = {c["cell"]: c for f in files.values() for c in json.loads(f.read_text())["cells"]}
+    names = {(m, float(k), s): cfg.cell(m, str(k), s) for m in grid.methods for k in grid.keep for s in grid.seeds}
+    if missing := [n for n in names.values() if n not in by_name]:
+        raise DataError(f"compress cells missing from their seed's metrics: {missing} (rerun the compress stage)")
+    plots = {s: json.loads((root / "plots/compress" / f"seed-{s}.json").read_text()) for s in grid.seeds}
+    if missing := [n for (_, _, s), n in names.items() if n not in plots[s]]:
+        raise DataError(f"compress cells missing from their seed's maps (plots/compress): {missing}")
+    return [by_name[n] for n in names.values()], {key: plots[key[2]][n] for key, n in names.items()}
 
 
 def distinct(cfg: CompressConfig) -> set[str]:
@@ -42,9 +49,10 @@ def distinct(cfg: CompressConfig) -> set[str]:
 
 def cells_table(cells: Sequence[Mapping]) -> pl.DataFrame:
     """One row per compressed cell (its metrics file)."""
-    cols = ["method", "kind", "allocation", "keep", "seed", "val_nll", "ppl", "ppl_dense", "calib_nll", "params",
-            "params_dense", "linear_weights_kept", "loss_rel_svd_llm", "seconds", "tokens_per_s", "tokens_per_s_dense",
-            "weight_bytes", "weight_bytes_dense", "peak_memory_bytes"]
+    cols = ["method", "kind", "allocation", "keep", "seed", "val_nll", "ppl", "val_nll_dense", "ppl_dense",
+            "calib_nll", "calib_tokens", "params", "params_dense", "linear_weights_kept", "loss_rel_svd_llm",
+            "seconds", "tokens_per_s", "tokens_per_s_dense", "weight_bytes", "weight_bytes_dense",
+            "peak_memory_bytes"]
     return pl.DataFrame([{c: cell.get(c) for c in cols} for cell in cells], infer_schema_length=None).sort(
         "method", "keep", "seed")
 
@@ -64,7 +72,8 @@ def layers_table(layers: Mapping[tuple[str, float, int], Sequence[Mapping]]) -> 
     """Every compressed layer of every cell, keyed (method, keep, seed), with its loss relative to plain SVD's."""
     rows = [{"method": m, "keep": k, "seed": s, **{f: r[f] for f in ("name", "rank", "loss", "loss_rel_svd_llm",
                                                                        "erank_before", "erank_after", "seconds")},
-             "steps": r.get("steps"), "stop": r.get("stop"), "best_over_init": r.get("best_over_init")}
+             "steps": r.get("steps"), "stop": r.get("stop"), "plateau_step": r.get("plateau_step"),
+             "best_over_init": r.get("best_over_init")}
             for (m, k, s), recs in layers.items() for r in recs if r["rank"] is not None]
     if not rows:
         return pl.DataFrame()
@@ -77,10 +86,24 @@ def layers_table(layers: Mapping[tuple[str, float, int], Sequence[Mapping]]) -> 
     return df.with_columns((pl.col("erank_after") / pl.col("erank_before")).alias("erank_ratio"))
 
 
-def _paired(table: pl.DataFrame, worse: str, better: str, keep: float) -> list[float]:
+def maps_table(layers: Mapping[tuple[str, float, int], Sequence[Mapping]]) -> pl.DataFrame:
+    """Every map of every cell as recorded, dense ones too (rank null): shape, rank and SigmaScale's stop."""
+    schema = {"method": pl.String, "keep": pl.Float64, "seed": pl.Int64, "name": pl.String, "m": pl.Int64,
+              "n": pl.Int64, "rank": pl.Int64, "steps": pl.Int64, "stop": pl.String, "plateau_step": pl.Int64}
+    return pl.DataFrame([{"method": m, "keep": k, "seed": s, "name": r["name"], "m": r["m"], "n": r["n"],
+                          "rank": r["rank"], "steps": r.get("steps"), "stop": r.get("stop"),
+                          "plateau_step": r.get("plateau_step")}
+                         for (m, k, s), recs in layers.items() for r in recs], schema=schema)
+
+
+def rows_of(frame: pl.DataFrame, method: str, keep: float) -> pl.DataFrame:
+    return frame.filter((pl.col("method") == method) & (pl.col("keep") == keep))
+
+
+def paired(table: pl.DataFrame, worse: str, better: str, keep: float) -> list[float]:
     """Per-seed val_nll(worse) − val_nll(better) at one kept fraction (seeds present in both)."""
     def of(method: str) -> dict[int, float]:
-        rows = table.filter((pl.col("method") == method) & (pl.col("keep") == keep))
+        rows = rows_of(table, method, keep)
         return dict(zip(rows["seed"].to_list(), rows["val_nll"].to_list()))
 
     a, b = of(worse), of(better)
@@ -96,76 +119,15 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
 
-def unconverged(layers: pl.DataFrame, method: str, keep: float) -> str | None:
-    """Why `method`'s cells at `keep` cannot speak for SigmaScale: more than UNCONVERGED_MAX of its maps stopped by
-    the step cap (the objective still falling: the method as published was not run); None if converged or no
-    SigmaScale maps."""
-    if "stop" not in layers.columns:
-        return None
-    rows = layers.filter((pl.col("method") == method) & (pl.col("keep") == keep) & pl.col("stop").is_not_null())
-    capped = int((rows["stop"] == "cap").sum())
-    if rows.is_empty() or capped <= UNCONVERGED_MAX * rows.height:
-        return None
-    return f"{method} unconverged: {capped} of {rows.height} maps stopped by the step cap"
-
-
-def claim_specs(table: pl.DataFrame, layers: pl.DataFrame, cfg: CompressConfig) -> list[dict]:
-    """Arguments of `scalelab.analysis.claims.claim` for every claim the grid can speak to; a claim on a SigmaScale
-    that stopped by its cap carries the reason it cannot decide (`unusable`)."""
-    present = set(table["method"].to_list())
-    specs = []
-    for keep in sorted(set(table["keep"].to_list()), reverse=True):
-        for better, worse, text in ORDERING:
-            if better in present and worse in present:
-                reasons = [r for m in (better, worse) if (r := unconverged(layers, m, keep))]
-                specs.append({"id": f"d.order.{better}.{worse}@{keep:g}", "text": f"{text} at kept fraction {keep:g}",
-                              "metric": f"val NLL({worse}) − val NLL({better}), nats",
-                              "diffs": _paired(table, worse, better, keep), "published": PUBLISHED,
-                              "unusable": "; ".join(reasons) or None})
-        for name in sorted(present):
-            m = cfg.methods.get(name)
-            if name != "svd_llm" and "svd_llm" in present and m is not None and (m.init != "random" or
-                                                                                  m.refine != "none"):
-                specs.append({"id": f"d.beyond.{name}.svd_llm@{keep:g}",
-                              "text": f"{name} (beyond the paper) beats SVD-LLM at kept fraction {keep:g}",
-                              "metric": f"val NLL(svd_llm) − val NLL({name}), nats",
-                              "diffs": _paired(table, "svd_llm", name, keep),
-                              "published": "none (beyond the paper; SVD-LLM is the layer-wise optimum)",
-                              "unusable": unconverged(layers, name, keep)})
-    if "loss_rel_svd" in layers.columns:
-        # pooled over every method that scales, and within SigmaScale's own learned scalings (the paper's claim)
-        for suffix, methods, over in (("", None, "layers, methods and kept fractions"),
-                                      (".sigmascale", "sigmascale", "SigmaScale's layers and kept fractions")):
-            if methods is not None and methods not in set(layers["method"].to_list()):
-                continue
-            diffs = []
-            for seed in sorted(set(layers["seed"].to_list())):
-                rows = layers.filter((pl.col("seed") == seed) & pl.col("loss_rel_svd").is_not_null())
-                if methods is not None:
-                    rows = rows.filter(pl.col("method") == methods)
-                diffs.append(spearman(rows["erank_ratio"].to_list(), rows["loss_rel_svd"].to_list()))
-            specs.append({"id": f"d.erank_loss{suffix}",
-                          "text": "lower effective rank after scaling goes with lower layer loss"
-                                  + (" (SigmaScale's learned scalings)" if methods else ""),
-                          "metric": f"Spearman ρ(erank_after/erank_before, layer loss / plain SVD's) over {over}",
-                          "diffs": [d for d in diffs if d is not None],
-                          "published": "SigmaScale: scaling concentrates the spectrum (lower erank), lowering "
-                                       "truncation loss (qualitative)",
-                          "unusable": None if methods is None else "; ".join(
-                              r for k in sorted(set(layers["keep"].to_list()))
-                              if (r := unconverged(layers, methods, k))) or None})
-    return specs
-
-
 def convergence(layers: pl.DataFrame) -> dict:
-    """SigmaScale's convergence over its maps (all cells): how many stopped by plateau (or a rising loss) rather
+    """SigmaScale's convergence over its maps (all cells): how many reached the plateau rule (AT_PLATEAU) rather
     than the step cap, the steps taken and the best objective over the initial one (median, max)."""
     if "stop" not in layers.columns:
         return {}
     rows = layers.filter(pl.col("stop").is_not_null())
     if rows.is_empty():
         return {}
-    return {"maps": rows.height, "plateau": int(rows["stop"].is_in(["plateau", "rising"]).sum()),
+    return {"maps": rows.height, "plateau": rows.filter(AT_PLATEAU).height,
             "cap": int((rows["stop"] == "cap").sum()), "nonfinite": int((rows["stop"] == "nonfinite").sum()),
             "steps_median": float(rows["steps"].median()), "steps_max": int(rows["steps"].max()),
             "best_over_init_median": float(rows["best_over_init"].median()),

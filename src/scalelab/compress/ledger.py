@@ -1,0 +1,250 @@
+"""The compression study's claims ledger, decided by scalelab.analysis.claims' rule (premises first).
+
+Claims: per-seed differences oriented so that positive is the claim's direction, paired by calibration seed. An id's
+`@ρ` names the kept fraction: the paper states its ordering at one kept fraction, so those claims are per ρ and have
+no pooled twin; the spectrum claims pool every ρ and carry no `@`.
+    d.order.<better>.<worse>@ρ   the published ordering, in validation loss (nats; ppl = exp):
+                                 SVD-LLM ≤ SigmaScale, SigmaScale < ASVD, SigmaScale < FWSVD, ASVD < SVD, FWSVD < SVD
+    d.alloc.<sens>.<uniform>@ρ   the sensitivity allocation beats uniform ranks (a method and its uniform twin)
+    d.beyond.<m>.svd_llm@ρ       beyond the paper: a warm-started SigmaScale or a refined method beats SVD-LLM
+    d.erank_loss[.sigmascale]    per seed, Spearman correlation over (method, ρ, layer) between erank_after/erank_before
+                                 and the layer loss relative to plain SVD's (same layer, rank and seed): positive is
+                                 lower erank, lower loss. Only methods that are a scaling of their own (`distinct`): a
+                                 refined variant repeats its base method's layers and would count them twice.
+Premises, each measured from the cells and their maps (a failed one makes the claim untested, its numbers kept):
+    SigmaScale converged         ≥ CONVERGED_MIN of a SigmaScale method's maps at ρ reached the plateau rule (an
+                                 unconverged run is not the method as published)
+    same budget                  both sides keep at most ρ of the decoder linear weights, within BUDGET_TOL
+    compression acted            the worse side loses ≥ ROOM nats to the uncompressed model: room for an ordering
+    allocation differs from uniform   ≥ ALLOC_MIN of the sensitivity side's maps off uniform's rank
+    scaling moved the spectrum   ≥ MOVED_MIN of the correlated layers' effective rank moved by the scaling
+Regime: the model's parameters, its decoder linear weights, the calibration tokens per seed and SigmaScale's longest
+map, beside the paper's. Every claim is small-scale: what a real 135M-class model says of the ordering and of the
+allocation's effect is a sign at its own scale, not the paper's 7B numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import polars as pl
+
+from scalelab.analysis import claims
+from scalelab.compress.rank import rank_for
+from scalelab.compress.summary import (
+    AT_PLATEAU, cells_table, distinct, layers_table, load, maps_table, paired, rows_of, spearman,
+)
+from scalelab.config.compress import CompressConfig
+
+PUBLISHED = ("LLaMA-7B WikiText-2 ppl at 20% of weights removed: SVD-LLM 7.94, ASVD 11.14, FWSVD 1727, SVD 20061 "
+             "(SigmaScale, arXiv 2606.07098)")
+PAPER_PPL = {"svd_llm": 7.94, "asvd": 11.14, "fwsvd": 1727.0, "svd": 20061.0}  # the published table, as quoted
+PAPER_REGIME = ("LLaMA-class 7B; 32 × 2048 WikiText-2 calibration tokens; sensitivity allocation over kept ratios "
+                "0.2-0.9; 1000 SigmaScale steps a map")
+PUB_ALLOC = ("the paper's allocation is sensitivity-based (ASVD style, what its code always uses); uniform ranks are "
+             "the ablation (no number quoted)")
+PUB_BEYOND = "none (beyond the paper; SVD-LLM is the layer-wise optimum)"
+PUB_ERANK = "SigmaScale: scaling concentrates the spectrum (lower erank), lowering truncation loss (qualitative)"
+# Smallest effects of interest (δ, claims.decide). Orderings, in nats of validation loss: 0.02 (a 2% perplexity
+# ratio): a sixteenth of the paper's closest published pair (ASVD 11.14 against SVD-LLM 7.94, 0.34 nats), and a gap
+# under 2% in perplexity would not change which method one picks.
+# "SVD-LLM ≤ SigmaScale" admits equality: only SigmaScale clearly ahead contradicts it (δ = 0).
+ORDER_DELTA = 0.02
+# Spectrum claims, in Spearman ρ: 0.1 (ranks that share under 1% of their variance are no relation worth stating).
+ERANK_DELTA = 0.1
+# (better, worse, claim text, δ): the published ordering, by method name in the grid
+ORDERING = [
+    ("svd_llm", "sigmascale", "SVD-LLM ≤ SigmaScale in perplexity", 0.0),
+    ("sigmascale", "asvd", "SigmaScale < ASVD in perplexity", ORDER_DELTA),
+    ("sigmascale", "fwsvd", "SigmaScale < FWSVD in perplexity", ORDER_DELTA),
+    ("asvd", "svd", "ASVD < plain SVD in perplexity", ORDER_DELTA),
+    ("fwsvd", "svd", "FWSVD < plain SVD in perplexity", ORDER_DELTA),
+]
+# The share of a SigmaScale method's maps at one ρ that must stop by the plateau rule (or a rising loss): at most a
+# tenth stopped otherwise (the step cap, a non-finite step), the threshold fixed before the committed study ran.
+CONVERGED_MIN = 0.9
+BUDGET_TOL = 0.01  # kept fractions of the two sides within 1% of the dense weights: the same budget
+ROOM = ORDER_DELTA  # the worse side must lose at least an effect of interest to the dense model
+ALLOC_MIN = 0.1  # an allocation moving under a tenth of the maps off uniform cannot carry an effect of interest
+# a correlation over layers most of which the scaling left as they were measures those ties, not the scalings
+MOVED_MIN, MOVED_BY = 0.5, 0.01
+
+
+# ---------------------------------------------------------------- premises (each measured, claims.premise)
+def converged(maps: pl.DataFrame, method: str, keep: float) -> dict:
+    """SigmaScale as published runs every map to its plateau: the share of `method`'s maps at `keep` (all seeds)
+    that reached it (summary.AT_PLATEAU: the rule stopped them, or fired during a fixed-length run), not the step cap
+    or a non-finite step."""
+    rows = rows_of(maps, method, keep).filter(pl.col("stop").is_not_null())
+    at = rows.filter(AT_PLATEAU).height
+    return claims.premise("SigmaScale converged", f"{at} of {rows.height} maps at the plateau ({method} at ρ {keep:g})",
+                          rows.height > 0 and at >= CONVERGED_MIN * rows.height,
+                          f"≥ {CONVERGED_MIN:.0%} of the maps reached the plateau rule (it stopped them, or fired "
+                          "within a fixed-length run), not the step cap or a non-finite step")
+
+
+def allocation_differs(maps: pl.DataFrame, method: str, keep: float) -> dict:
+    """The allocation acted: the share of `method`'s maps at `keep` whose rank is not uniform's (dense counts)."""
+    rows = rows_of(maps, method, keep)
+    off = sum(r != rank_for(m, n, keep) for m, n, r in rows.select("m", "n", "rank").iter_rows())
+    return claims.premise("allocation differs from uniform",
+                          f"{off} of {rows.height} maps off the uniform rank ({method} at ρ {keep:g})",
+                          rows.height > 0 and off >= ALLOC_MIN * rows.height,
+                          f"≥ {ALLOC_MIN:.0%} of the maps at a rank other than uniform's ⌊ρ·m·n/(m+n)⌋")
+
+
+def same_budget(table: pl.DataFrame, methods: Sequence[str], keep: float) -> dict:
+    """The ordering is at one budget: every cell of both sides keeps at most ρ of the decoder linear weights (an
+    allocation never overspends), and the sides' kept fractions agree within BUDGET_TOL."""
+    need = (f"each side keeps at most ρ = {keep:g} of the decoder linear weights, the two within {BUDGET_TOL:g} of "
+            "each other")
+    kept = {m: rows_of(table, m, keep)["linear_weights_kept"].drop_nulls().to_list() for m in methods}
+    if not all(kept.values()):
+        return claims.premise("same budget", None, False, need)
+    mean = {m: statistics.fmean(v) for m, v in kept.items()}
+    return claims.premise("same budget", ", ".join(f"{m} keeps {v:.4f}" for m, v in mean.items()),
+                          max(map(max, kept.values())) <= keep + 1e-9 and max(mean.values()) - min(mean.values())
+                          <= BUDGET_TOL, need)
+
+
+def compression_acted(table: pl.DataFrame, worse: str, keep: float) -> dict:
+    """Room for an ordering: the worse side's loss over the uncompressed model (seed mean). A model that loses
+    nothing to any factorization (a briefly trained toy) cannot rank the methods."""
+    rows = rows_of(table, worse, keep).filter(pl.col("val_nll").is_not_null() & pl.col("val_nll_dense").is_not_null())
+    loss = statistics.fmean(a - b for a, b in zip(rows["val_nll"], rows["val_nll_dense"])) if rows.height else None
+    value = None if loss is None else f"{worse} {loss:+.4g} nats over the dense model"
+    return claims.premise("compression acted", value, loss is not None and loss >= ROOM,
+                          f"the worse side ≥ {ROOM:g} nats above the uncompressed model")
+
+
+def scaling_moved(rows: pl.DataFrame) -> dict:
+    """The spectrum claims correlate the scalings' effect: the share of the layers whose erank the scaling moved."""
+    ratios = rows["erank_ratio"].drop_nulls().to_list()
+    moved = sum(abs(r - 1) > MOVED_BY for r in ratios)
+    return claims.premise("scaling moved the spectrum",
+                          f"{moved} of {len(ratios)} layers' effective rank moved by more than {MOVED_BY:.0%}",
+                          bool(ratios) and moved >= MOVED_MIN * len(ratios),
+                          f"≥ {MOVED_MIN:.0%} of the correlated layers")
+
+
+def regime(table: pl.DataFrame, maps: pl.DataFrame, sigma: set[str]) -> dict:
+    """This grid beside the paper's: the model's parameters and its decoder linear weights, the calibration tokens a
+    seed, and the longest SigmaScale map (steps) of the claim's SigmaScale methods."""
+    params, tokens = table["params_dense"].drop_nulls(), table["calib_tokens"].drop_nulls()
+    # every cell factors the same maps: one cell's Σ m·n is every non-embedding parameter but the norms' gains, which
+    # the maps do not record (0.03% of SmolLM2-135M's)
+    linear = None
+    if maps.height:
+        key = dict(zip(("method", "keep", "seed"), maps.row(0)))
+        one = maps.filter(pl.all_horizontal(pl.col(c) == v for c, v in key.items()))
+        linear = int((one["m"] * one["n"]).sum())
+    steps = maps.filter(pl.col("method").is_in(sorted(sigma)))["steps"].max() if sigma else None
+    # no paper_tokens_per_param: calibration is not a training budget, and tokens per parameter says nothing of it
+    # (the paper's 32 × 2048 tokens are in its regime's words)
+    return claims.regime(PAPER_REGIME, params=int(params[0]) if len(params) else None, non_embedding_params=linear,
+                         tokens=int(tokens[0]) if len(tokens) else None, steps=steps, scope="small-scale")
+
+
+# ---------------------------------------------------------------- the ledger
+def paper_effect(better: str, worse: str) -> float | str:
+    """The published gap in the claim's metric, ln ppl(worse)/ppl(better), where the paper's table has both."""
+    if better in PAPER_PPL and worse in PAPER_PPL:
+        return math.log(PAPER_PPL[worse] / PAPER_PPL[better])
+    if better == "svd_llm":
+        return "≥ 0: SVD-LLM competitive with or better (ordering only, no SigmaScale number quoted)"
+    return "> 0 (ordering only, no SigmaScale number quoted)"
+
+
+def allocation_pairs(table: pl.DataFrame, cfg: CompressConfig) -> list[tuple[str, str]]:
+    """(sensitivity, uniform) method pairs of the grid that differ in their cells' allocation and nothing else."""
+    alloc = {m: a for m, a in table.group_by("method").agg(pl.col("allocation").first()).iter_rows() if a}
+
+    def twins(a: str, b: str) -> bool:
+        return cfg.methods[a].model_dump(exclude={"allocation"}) == cfg.methods[b].model_dump(exclude={"allocation"})
+
+    return sorted((a, b) for a in alloc for b in alloc
+                  if alloc[a] == "sensitivity" and alloc[b] == "uniform" and twins(a, b))
+
+
+def ledger(cells: Sequence[Mapping], layers: Mapping[tuple[str, float, int], Sequence[Mapping]],
+           cfg: CompressConfig) -> list[dict]:
+    """Every claim the grid can speak to, decided by scalelab.analysis.claims (premises first, then the interval)."""
+    table, maps = cells_table(cells), maps_table(layers)
+    layer_table = layers_table({k: v for k, v in layers.items() if k[0] in distinct(cfg)})
+    present = set(table["method"].to_list())
+    sigma = {m for m in present if cfg.methods[m].kind == "sigmascale"}
+    keeps = sorted(set(table["keep"].to_list()), reverse=True)
+
+    def compare(id: str, text: str, better: str, worse: str, keep: float, published: str,
+                paper: float | str | None, delta: float, extra: Sequence[dict] = ()) -> dict:
+        sides = (better, worse)
+        premises = [*extra, *(converged(maps, m, keep) for m in sides if m in sigma), same_budget(table, sides, keep),
+                    compression_acted(table, worse, keep)]
+        return claims.claim(id, f"{text} at kept fraction {keep:g}", f"val NLL({worse}) − val NLL({better}), nats",
+                            paired(table, worse, better, keep), published, cfg.claims_level,
+                            regime=regime(table, maps, sigma & set(sides)), premises=premises, paper_effect=paper,
+                            smallest_effect=delta)
+
+    entries = []
+    for keep in keeps:
+        entries += [compare(f"d.order.{better}.{worse}@{keep:g}", text, better, worse, keep, PUBLISHED,
+                            paper_effect(better, worse), delta)
+                    for better, worse, text, delta in ORDERING if better in present and worse in present]
+        entries += [compare(f"d.alloc.{sens}.{uniform}@{keep:g}", f"the sensitivity allocation ({sens}) beats uniform "
+                            f"ranks ({uniform}) in perplexity", sens, uniform, keep, PUB_ALLOC, None, ORDER_DELTA,
+                            [allocation_differs(maps, sens, keep)]) for sens, uniform in allocation_pairs(table, cfg)]
+        entries += [compare(f"d.beyond.{name}.svd_llm@{keep:g}", f"{name} (beyond the paper) beats SVD-LLM", name,
+                            "svd_llm", keep, PUB_BEYOND, None, ORDER_DELTA)
+                    for name in sorted(present) if name != "svd_llm" and "svd_llm" in present
+                    and (cfg.methods[name].init != "random" or cfg.methods[name].refine != "none")]
+    return entries + erank_claims(table, layer_table, maps, sigma, keeps, cfg.claims_level)
+
+
+def erank_claims(table: pl.DataFrame, layer_table: pl.DataFrame, maps: pl.DataFrame, sigma: set[str],
+                 keeps: Sequence[float], level: float) -> list[dict]:
+    """Lower erank after scaling goes with lower layer loss: pooled over every method that scales, and within
+    SigmaScale's own learned scalings (the paper's claim, decided only on a converged SigmaScale)."""
+    if "loss_rel_svd" not in layer_table.columns:
+        return []  # no plain SVD cells: no reference layer loss
+    entries = []
+    for suffix, method, over in (("", None, "layers, methods and kept fractions"),
+                                 (".sigmascale", "sigmascale", "SigmaScale's layers and kept fractions")):
+        rows = layer_table.filter(pl.col("loss_rel_svd").is_not_null())
+        if method is not None:
+            if method not in set(rows["method"].to_list()):
+                continue
+            rows = rows.filter(pl.col("method") == method)
+        diffs = [spearman(r["erank_ratio"].to_list(), r["loss_rel_svd"].to_list())
+                 for s in sorted(set(rows["seed"].to_list())) for r in [rows.filter(pl.col("seed") == s)]]
+        on = {method} if method else set(rows["method"].to_list())
+        entries.append(claims.claim(
+            f"d.erank_loss{suffix}", "lower effective rank after scaling goes with lower layer loss"
+            + (" (SigmaScale's learned scalings)" if method else ""),
+            f"Spearman ρ(erank_after/erank_before, layer loss / plain SVD's) over {over}",
+            [d for d in diffs if d is not None], PUB_ERANK, level, regime=regime(table, maps, sigma & on),
+            premises=[*(converged(maps, method, k) for k in keeps if method), scaling_moved(rows)],
+            smallest_effect=ERANK_DELTA))
+    return entries
+
+
+def regenerate(folder: Path) -> list[dict]:
+    """A committed study's ledger rebuilt from its raw per-cell metrics (study.json's `generator`): the compress
+    section of its params.yaml, its metrics/compress and plots/compress files, today's rule."""
+    from pydantic import ValidationError
+
+    from scalelab.config import ParamsError
+    from scalelab.config.params import read_yaml
+
+    path = Path(folder) / "params.yaml"
+    raw = read_yaml(path)
+    if not isinstance(raw.get("compress"), dict):
+        raise ParamsError(f"{path}: no compress section")
+    try:
+        cfg = CompressConfig.model_validate(raw["compress"])
+    except ValidationError as err:
+        e = err.errors()[0]
+        raise ParamsError(f"{path}: compress.{'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    return ledger(*load(Path(folder), cfg), cfg)
