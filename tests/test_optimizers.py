@@ -2,10 +2,12 @@
 the hidden matrices; a diverging LR is recorded and the sweep goes on; a resumed run continues with the same
 optimizer state (every family's state dict, and through the trainer for the families with loop hooks)."""
 
+import dataclasses
 import json
 import math
 import statistics
 
+import polars as pl
 import pytest
 import pytorch_optimizer as po
 import torch
@@ -15,7 +17,8 @@ from pytorch_optimizer.optimizer.utils.galore import GaLoreProjector
 from test_train import FailAt, make_shards
 
 from scalelab.config import OptimizerConfig, ParamsError, load_params
-from scalelab.analysis import leaderboard
+from scalelab.analysis import claims, claims_b, leaderboard, optbench_study, speedup
+from scalelab.analysis.optbench_data import Bench
 from scalelab.train import optbench
 from scalelab.model import Transformer
 from scalelab.optim import OPTIMIZERS, build_optimizers, families, hooks, protocol
@@ -363,10 +366,13 @@ def test_protocol_grid_is_odd_with_the_centre_and_extends_past_an_edge(params):
     assert choice["best_lr"] == pytest.approx(c * 4) and choice["lr_at_edge"] is False
     ratios = [b / a for a, b in zip(choice["lr_grid"], choice["lr_grid"][1:])]
     assert ratios == pytest.approx([2.0] * 4)
+    assert protocol.at_edge(choice) == []
     choice, _, _ = _tuned(params, best={"lr": 3e-3 * 64}, max_extra=2)
     assert choice["extra_points"] == 2 and choice["lr_at_edge"] is True and choice["best_lr"] == pytest.approx(c * 8)
+    assert protocol.at_edge(choice) == ["lr"]
     choice, _, _ = _tuned(params, best={"lr": 3e-3 * 64}, max_extra=2, diverge_above=3e-3 * 5)
     assert choice["extra_points"] == 2 and choice["lr_at_edge"] is False and choice["best_lr"] == pytest.approx(c * 4)
+    assert protocol.at_edge(choice) == []  # the diverged point past it brackets it
     choice, _, _ = _tuned(params, best={"lr": 3e-3 / 4}, max_extra=2)  # below: the same rule downwards
     assert choice["best_lr"] == pytest.approx(c / 4) and choice["lr_at_edge"] is False
 
@@ -380,6 +386,7 @@ def test_protocol_tunes_second_hyperparameters_at_the_chosen_lr(params):
     assert {"lr": c, "weight_decay": pytest.approx(0.1 / 3)} in trials
     assert {"lr": c, "weight_decay": pytest.approx(0.3), "warmup": pytest.approx(0.15)} in trials  # after wd chosen
     assert choice["second"]["weight_decay"]["at_edge"] is True and choice["second"]["warmup"]["at_edge"] is False
+    assert protocol.at_edge(choice) == ["weight_decay"]  # the LR at its centre, warmup at its default: interior
     ob = _bench_params(params, second=sub_second).optimizers
     assert len(trials) <= ob.planned_runs("adamw") // len(ob.sweep_seeds)
     assert protocol.neighbours("momentum", 0.95, 3.0) == pytest.approx([0.85, 1 - 0.05 / 3])
@@ -411,87 +418,170 @@ def _law(d):
     return LAW["E"] + LAW["A"] * d ** -LAW["alpha"]
 
 
-def _synthetic(params, opt_tokens_equiv, edge=False):
-    """Cells and runs: the baseline at budgets ¼..2 of 1000 tokens on the law above (per-seed noise-free); the other
-    optimizer at 1000 tokens reaching the loss the law gives at `opt_tokens_equiv[seed]` tokens."""
-    ob = _bench_params(params, optimizers=["adamw", "muon"]).optimizers
+def _synthetic(params, opt_tokens_equiv, edge=False, muon_lr=None):
+    """Settings, cells and runs: the baseline at budgets ¼..2 of 1000 tokens on the law above (per-seed noise-free);
+    the other optimizer at 1000 tokens reaching the loss the law gives at `opt_tokens_equiv[seed]` tokens. Each
+    cell's choice came from a 3-point LR grid on two sweep seeds, interior unless `edge` (muon's LR at the top);
+    `muon_lr`: muon's chosen LR (default: its centre)."""
     sub = _bench_params(params, optimizers=["adamw", "muon"])
+    bench = Bench.from_params(sub)
     cells, runs = {}, []
-    for opt in ob.optimizers:
-        for size in ob.sizes:
-            hp = {"lr": params.optim[opt].lr}
-            cells[opt, size] = {"best_lr": hp["lr"], "best_hp": hp, "lr_at_edge": edge and opt == "muon",
-                                "extra_points": 0, "family": "x", "library": "y", "diverged": 0, "n_runs": 6,
-                                "step_time_ratio": 1.0, "state_bytes_per_param": 8.0, "step_peak_mb": 1.0,
-                                "step_peak_bytes_per_param": 9.0, "runs": {}}
-            for seed in ob.rerun_seeds:
-                budgets = ob.budgets if opt == "adamw" else [1.0]
+    for opt in bench.optimizers:
+        for size in bench.sizes:
+            lr = muon_lr if opt == "muon" and muon_lr else sub.optim[opt].lr
+            hp = {"lr": lr}
+            grid = [lr / 4, lr / 2, lr] if edge and opt == "muon" else [lr / 2, lr, lr * 2]
+            sweep = {f"lr{lr:g}-s{s}": {"optimizer": opt, "size": size, "seed": s, "lr": lr, "hp": hp, "budget": 1.0,
+                                         "batch": 1, "tokens": 1000, "val_loss": 9.0, "diverged": None, "params": 10}
+                     for s in bench.sweep_seeds}
+            cells[opt, size] = {"best_lr": lr, "best_hp": hp, "lr_grid": grid, "second": {}, "extra_points": 0,
+                                "library": "y", "diverged": 0, "n_runs": 6, "step_time_ratio": 1.0,
+                                "state_bytes_per_param": 8.0, "step_peak_mb": 1.0, "step_peak_bytes_per_param": 9.0,
+                                "runs": sweep}
+            for seed in bench.rerun_seeds:
+                budgets = bench.budgets if opt == "adamw" else [1.0]
                 for b in budgets:
                     loss = _law(1000 * b) if opt == "adamw" else _law(opt_tokens_equiv[seed])
                     runs.append({"optimizer": opt, "size": size, "seed": seed, "lr": hp["lr"], "hp": hp,
                                  "budget": b, "batch": 1, "tokens": 1000 * b, "val_loss": loss,
                                  "diverged": None, "params": 10})
-    return sub, cells, runs
+    return bench, cells, runs
+
+
+def _entries(bench, cells, runs):
+    return {e["id"]: e for e in claims_b.ledger(bench, cells, runs)}
+
+
+def _premise(e, name):
+    return next(p for p in e["premises"] if p["name"] == name)
 
 
 def test_speedup_from_end_of_run_losses_recovers_a_known_law(params):
     """The baseline's final losses follow L = 2 + 50·D^-0.5 exactly; the optimizer's final loss at 1000 tokens is the
-    law's at 1500 and 1800 tokens on the two held-out seeds: speed-ups 1.5 and 1.8, their mean and t interval."""
-    sub, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
-    sp = leaderboard.speedups(cells, runs, sub.optimizers, "muon", "a")
-    assert sp["seeds"] == {2: (pytest.approx(1.5, rel=1e-3), "="), 3: (pytest.approx(1.8, rel=1e-3), "=")}
-    assert sp["dof"] == 1  # 4 budgets, 3 parameters
-    s = leaderboard.summarise(sp["seeds"])
+    law's at 1500 and 1800 tokens on the two held-out seeds: speed-ups 1.5 and 1.8, their mean and t interval. Every
+    premise holds (interior LRs on two sweep seeds, muon's embeddings at the baseline's LR, losses in range)."""
+    bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
+    seeds = speedup.per_seed(bench, cells, runs, "muon", "a")
+    assert seeds == {2: (pytest.approx(1.5, rel=1e-3), "="), 3: (pytest.approx(1.8, rel=1e-3), "=")}
+    assert speedup.fit_dof(bench, cells, runs, "a") == 1  # 4 budgets, 3 parameters
+    s = speedup.summarise(seeds)
     assert s["speedup"] == pytest.approx(1.65, rel=1e-3) and s["low"] < 1.65 < s["high"]
-    assert leaderboard.speedup_text(s).startswith("1.65x [")
-    e = {e["id"]: e for e in leaderboard.claims(sub, cells, runs)}["b-wen-muon-leads-a"]
+    assert speedup.speedup_text(s).startswith("1.65x [")
+    e = _entries(bench, cells, runs)["b-wen-muon-leads-a"]
     assert e["effect"] == pytest.approx(0.65, rel=1e-3) and "1.3-1.4x" in e["published"]
+    assert all(p["passed"] for p in e["premises"]) and e["verdict"] == "inconclusive"  # n = 2: t(1) is wide
+    assert e["paper_effect"] == 0.35 and e["smallest_effect"] == pytest.approx(0.1)
+    assert e["regime"]["scope"] == "small-scale" and "Chinchilla" in e["regime"]["paper"]
 
 
-def test_speedup_outside_the_fitted_range_is_a_bound_never_a_number(params):
+def test_a_bound_is_never_reproduced(params):
     """An optimizer whose loss is below what the baseline reached at its largest budget (2000 tokens) gets
-    "> 2.00x", whatever the law would extrapolate to; the claim decides on that bound; an edge LR is inconclusive."""
-    sub, cells, runs = _synthetic(params, {2: 5000.0, 3: 9000.0})
-    sp = leaderboard.speedups(cells, runs, sub.optimizers, "muon", "a")
-    assert sp["seeds"] == {2: (pytest.approx(2.0), ">"), 3: (pytest.approx(2.0), ">")}
-    s = leaderboard.summarise(sp["seeds"])
-    assert leaderboard.speedup_text(s) == "> 2.00x" and s["low"] is None
-    e = {e["id"]: e for e in leaderboard.claims(sub, cells, runs)}["b-wen-muon-leads-a"]
-    assert e["verdict"] == "reproduced" and e["spread"] is None  # the lower bound 2x is above 1; a bound: no spread
-    sub, cells, runs = _synthetic(params, {2: 100.0, 3: 150.0})
-    assert leaderboard.speedup_text(leaderboard.summarise(
-        leaderboard.speedups(cells, runs, sub.optimizers, "muon", "a")["seeds"])) == "< 0.25x"
-    sub, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0}, edge=True)
-    entries = {e["id"]: e for e in leaderboard.claims(sub, cells, runs)}
-    assert entries["b-wen-muon-leads-a"]["verdict"] == "inconclusive (edge)"
-    df = leaderboard.table(sub, cells, runs)
-    assert "(edge)" in leaderboard.markdown(df)
+    "> 2.00x", whatever the law would extrapolate to; the claim on it is untested (no room in the measured range),
+    never reproduced, however far above 1 the bound lies; the same above the smallest budget's loss."""
+    bench, cells, runs = _synthetic(params, {2: 5000.0, 3: 9000.0})
+    seeds = speedup.per_seed(bench, cells, runs, "muon", "a")
+    assert seeds == {2: (pytest.approx(2.0), ">"), 3: (pytest.approx(2.0), ">")}
+    s = speedup.summarise(seeds)
+    assert speedup.speedup_text(s) == "> 2.00x" and s["low"] is None
+    e = _entries(bench, cells, runs)["b-wen-muon-leads-a"]
+    assert e["verdict"].startswith("untested (in the measured range: seed 2 >, seed 3 >")
+    assert e["spread"] is None and e["n_seeds"] == 0
+    bench, cells, runs = _synthetic(params, {2: 100.0, 3: 150.0})
+    assert speedup.speedup_text(speedup.summarise(speedup.per_seed(bench, cells, runs, "muon", "a"))) == "< 0.25x"
+    assert claims.verdict_of(_entries(bench, cells, runs)["b-wen-muon-leads-a"]) == "untested"
+
+
+def test_the_range_is_the_measured_losses_not_the_fit(params):
+    """The largest budget measured above the law (noise: the law's loss at 1800 of its 2000 tokens): the fit passes
+    below that point, so a loss just under it (the law's at 1810 tokens) is inside the fit's range but below every
+    measured loss: a bound; a loss inside the measured losses is read off the fit."""
+    bench, cells, runs = _synthetic(params, {2: 1810.0, 3: 1500.0})
+    for r in runs:
+        if r["optimizer"] == "adamw" and r["budget"] == 2.0 and r["seed"] == 2:
+            r["val_loss"] = _law(1800.0)  # the largest budget reached only what the law gives at 1800 tokens
+    seeds = speedup.per_seed(bench, cells, runs, "muon", "a")
+    assert seeds[2][1] == ">" and seeds[3][1] == "="
+
+
+def test_a_tuned_hyperparameter_at_an_edge_leaves_the_claim_untested(params):
+    """The LR at an end of its grid, or a second hyperparameter (here the baseline's warmup) at an end of its one
+    pass: every claim using that arm is untested, naming which; the leaderboard marks them."""
+    bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0}, edge=True)
+    e = _entries(bench, cells, runs)
+    assert e["b-wen-muon-leads-a"]["verdict"] == "untested (hyperparameters interior: muon-a lr at edge)"
+    assert "(edge: lr)" in leaderboard.markdown(leaderboard.table(bench, cells, runs))
+    bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
+    cells["adamw", "b"]["second"] = {"warmup": {"values": [0.05 / 3, 0.05, 0.15], "best": 0.05 / 3}}
+    e = _entries(bench, cells, runs)
+    assert e["b-wen-muon-leads-b"]["verdict"] == "untested (hyperparameters interior: adamw-b warmup at edge)"
+    assert claims.verdict_of(e["b-tuned-adamw-b"]) == "untested"
+    assert "warmup" in _premise(e["b-wen-muon-lead-shrinks"], "hyperparameters interior")["value"]
+    assert e["b-wen-muon-leads-a"]["verdict"] == "inconclusive"  # size a's arms are interior
+    cells["adamw", "b"]["second"]["warmup"]["best"] = 0.05  # the centre chosen: interior
+    assert _entries(bench, cells, runs)["b-wen-muon-leads-b"]["verdict"] == "inconclusive"
+
+
+def test_the_embedding_premise_compares_the_side_groups_lr_with_the_baselines(params):
+    """Muon's embeddings and LM head train on its AdamW side group; at 4x the baseline's LR (Muon's chosen LR, no
+    adamw_lr) the claim is untested; with adamw_lr set so that the side group runs at the baseline's LR, it holds.
+    The side LR the premise computes is the one the registry gives the embedding group of that run."""
+    bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0}, muon_lr=4 * 3e-3)
+    e = _entries(bench, cells, runs)["b-wen-muon-leads-a"]
+    p = _premise(e, "embeddings trained like the baseline's")
+    assert not p["passed"] and p["value"].startswith("4x") and e["verdict"].startswith("untested (embeddings")
+    table = leaderboard.table(bench, cells, runs)
+    assert table.filter(pl.col("optimizer") == "muon")["embedding_lr_ratio"].to_list() == [pytest.approx(4.0)] * 2
+    side = bench.optim["muon"].model_copy(update={"adamw_lr": 3e-3 / 4})  # moves with the LR: 3e-3 at 4x the centre
+    bench = dataclasses.replace(bench, optim={**bench.optim, "muon": side})
+    assert _premise(_entries(bench, cells, runs)["b-wen-muon-leads-a"], "embeddings trained like the baseline's")[
+        "passed"]
+    sub = params.model_copy(update={"optim": {**params.optim, "muon": side}})
+    run = optbench.run_params(sub, "muon", {"lr": 4 * 3e-3})
+    model = _model(run)
+    groups = {g["name"]: g for o in build_optimizers(model, run.optim[optbench.RECIPE], model.cfg.scale)
+              for g in o.param_groups}
+    assert groups["embedding"]["lr"] == pytest.approx(protocol.side_lr(side, 4 * 3e-3)) == pytest.approx(3e-3)
 
 
 def test_claims_without_a_published_claim_are_observations(params):
-    sub, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
-    sub = sub.model_copy(update={"optim": {**sub.optim, "muon": sub.optim["sf_adamw"]}})  # muon's key, SF's name
-    entries = leaderboard.claims(sub, cells, runs)
+    bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
+    sf = params.optim["sf_adamw"]
+    bench = dataclasses.replace(bench, optim={**bench.optim, "muon": sf})  # muon's key, SF's name
+    entries = claims_b.ledger(bench, cells, runs)
     obs = [e for e in entries if e["id"].startswith("b-obs-muon")]
-    assert len(obs) == 2 and all(e["verdict"].startswith("observation") for e in obs)
-    assert all("no published claim" in e["published"] for e in obs)
-    assert not any(e["verdict"] == "reproduced" for e in obs)
+    assert len(obs) == 2 and all(e["verdict"].startswith("observation (no claim") for e in obs)
+    assert all(e["premises"] == [] and e["spread"] is None for e in obs)
+    assert not any(e["id"].startswith("b-wen-muon") for e in entries)
 
 
 def test_large_batch_claim_pairs_the_gap_at_two_batch_sizes(params):
     """Semenov et al.'s Lion/Signum claim as its own row: the optimizer's loss gap to the baseline at 4x the batch
-    (same tokens) minus at 1x, per held-out seed; a gap that closes by 0.15 and 0.16 reproduces (n = 2: t = 12.7)."""
-    sub, cells, runs = _synthetic(params, {2: 800.0, 3: 800.0})
-    sub = _bench_params(sub, batch_optimizers=["muon"], batch_factor=4)
-    sub = sub.model_copy(update={"optim": {**sub.optim, "muon": sub.optim["lion"]}})  # muon's key, Lion's name
+    (same tokens) minus at 1x, per held-out seed; a gap that closes by 0.15 and 0.16 reproduces (n = 2: t = 12.7);
+    its smallest effect is what 1.1x data is worth on the reference curve at 1000 tokens."""
+    bench, cells, runs = _synthetic(params, {2: 800.0, 3: 800.0})
+    bench = dataclasses.replace(bench, batch_optimizers=("muon",), batch_factor=4,
+                                optim={**bench.optim, "muon": params.optim["lion"]})  # muon's key, Lion's name
     for r in [r for r in runs if r["budget"] == 1.0]:
         runs.append({**r, "batch": 4, "val_loss": r["val_loss"] + (0.3 if r["optimizer"] == "adamw"
                                                                    else 0.15 - 0.01 * (r["seed"] - 2))})
-    entries = {e["id"]: e for e in leaderboard.claims(sub, cells, runs)}
+    entries = _entries(bench, cells, runs)
     e = entries["b-semenov-muon-batch-a"]
     assert e["effect"] == pytest.approx(0.155) and e["n_seeds"] == 2 and e["verdict"] == "reproduced"
+    assert e["smallest_effect"] == pytest.approx(_law(1000) - _law(1100), rel=1e-3)
     assert "Lion/Signum need large batches" in e["published"]
-    assert entries["b-obs-muon-a"]["verdict"].startswith("observation")  # Lion vs AdamW at equal batch: no claim
+    assert entries["b-obs-muon-a"]["verdict"].startswith("observation (the papers' claim about lion is another")
+
+
+def test_a_claim_about_the_papers_regime_needs_its_budget(params):
+    """Sophia's instability is claimed for long runs: its entry carries the budget premise, which a run at a tiny
+    fraction of the paper's tokens per parameter fails."""
+    bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
+    bench = dataclasses.replace(bench, optim={**bench.optim, "muon": params.optim["sophia"]})
+    for r in runs:
+        r["params"] = 10_000
+    e = _entries(bench, cells, runs)["b-semenov-muon-unstable-a"]
+    assert e["regime"]["scope"] == "paper" and e["regime"]["tokens_per_param"] == pytest.approx(0.1)
+    assert e["verdict"].startswith("untested (budget: 0.1 tokens/param")
 
 
 def test_step_peak_memory_follows_the_optimizer_state_not_the_run_order():
@@ -515,28 +605,33 @@ def test_step_peak_memory_follows_the_optimizer_state_not_the_run_order():
     assert 4 <= sgd_m < 6 and sgd < 1
 
 
-def test_the_committed_protocol_study_regenerates_from_its_metrics():
-    """results/optbench-protocol: its leaderboard and claims tables are what its committed metrics give, and no best
-    LR at a grid edge goes without the "(edge)" verdict on every claim that uses it."""
+@pytest.mark.parametrize("study", ["optbench-protocol", "optbench-200"])
+def test_the_committed_studies_regenerate_from_their_metrics(study):
+    """Each committed study's ledger and tables are what its generator gives from its committed cells today; every
+    entry carries its regime; every claim with an arm whose tuned hyperparameter is at an edge is untested, and no
+    speed-up that is a bound on some seed is decided. The single-seed study is labelled superseded."""
     from conftest import ROOT
 
-    from scalelab.analysis import claims
-
-    root = ROOT / "results/optbench-protocol"
-    study = load_params(root / "params.yaml")
-    cells, runs = leaderboard.load_cells(root / "metrics", study.optimizers)
-    table = leaderboard.table(study, cells, runs)
-    assert leaderboard.markdown(table) + "\n" == (root / "leaderboard.md").read_text()
-    entries = leaderboard.claims(study, cells, runs)
-    assert claims.markdown(entries) + "\n" == (root / "claims_b.md").read_text()
-    base = study.optimizers.baseline
-    for (opt, size), c in cells.items():
-        if not c["lr_at_edge"]:
-            continue
-        for e in entries:  # decided claims (Wen, Semenov) on this optimizer, or on any at this size if it's the baseline
-            decided = e["id"].startswith(("b-wen-", "b-semenov-")) and not e["id"].endswith("-lead-shrinks")
-            if decided and e["id"].endswith(f"-{size}") and (opt == base or f"-{opt}-" in e["id"]):
-                assert e["verdict"] == "inconclusive (edge)", e
+    root = ROOT / "results" / study
+    meta = json.loads((root / "study.json").read_text())
+    module, _, name = meta["generator"].partition(":")
+    assert module == optbench_study.MODULE == optbench_study.__name__
+    entries = getattr(optbench_study, name)(root)
+    assert entries == claims.read_claims(root / meta["ledger"])
+    out = root / "leaderboard" if (root / "leaderboard").is_dir() else root
+    bench, cells, runs = optbench_study.READERS[name](root)
+    assert leaderboard.markdown(leaderboard.table(bench, cells, runs)) + "\n" == (out / "leaderboard.md").read_text()
+    assert claims.markdown(entries) + "\n" == (out / "claims_b.md").read_text()
+    assert ("superseded" in meta) == (name == "ledger_single_seed")
+    edged = {f"{o}-{s}" for (o, s), c in cells.items() if protocol.at_edge(c)}
+    assert edged  # both studies have some: the check below is not vacuous
+    for e in entries:
+        assert e["regime"]["tokens"] and e["regime"]["params"] and e["regime"]["paper"], e["id"]
+        interior = [p for p in e["premises"] if p["name"] == "hyperparameters interior"]
+        if interior and any(arm + " " in interior[0]["value"] for arm in edged):
+            assert claims.verdict_of(e) == "untested" and not interior[0]["passed"], e
+        if any(p["name"] == "in the measured range" and not p["passed"] for p in e["premises"]):
+            assert claims.verdict_of(e) == "untested", e
 
 
 # Mutation checks (tests/mutants.py): each family's own step broken, and the tests above that must notice.
@@ -581,16 +676,30 @@ def _(monkeypatch):
     monkeypatch.setattr(GaLoreProjector, "project_back", lambda self, grad: grad)
 
 
-@mutant("speedup-extrapolated")  # outside the fitted range: the law's extrapolation, not a bound
+@mutant("speedup-extrapolated")  # outside the measured range: the law's extrapolation, not a bound
 def _(monkeypatch):
-    monkeypatch.setattr(leaderboard, "data_speedup", lambda law, span, loss, tokens: (law.inverse(loss) / tokens, "="))
+    monkeypatch.setattr(speedup.Reference, "speedup",
+                        lambda self, loss, tokens: (self.fit.law.inverse(loss) / tokens, speedup.INSIDE))
 
 
 @mutant("speedup-inverted")  # optimizer tokens over baseline tokens
 def _(monkeypatch):
-    real = leaderboard.data_speedup
-    monkeypatch.setattr(leaderboard, "data_speedup",
-                        lambda law, span, loss, tokens: (1 / real(law, span, loss, tokens)[0], "="))
+    real = speedup.Reference.speedup
+    monkeypatch.setattr(speedup.Reference, "speedup",
+                        lambda self, loss, tokens: (1 / real(self, loss, tokens)[0], speedup.INSIDE))
+
+
+@mutant("range-from-the-fit")  # in range where the fit's values at the ends bracket the loss, as before
+def _(monkeypatch):
+    def from_fit(self, loss, tokens):
+        lo, hi = self.points[0][0], self.points[-1][0]
+        if loss < float(self.fit.law(hi)):
+            return hi / tokens, speedup.ABOVE
+        if loss > float(self.fit.law(lo)):
+            return lo / tokens, speedup.BELOW
+        return self.fit.law.inverse(loss) / tokens, speedup.INSIDE
+
+    monkeypatch.setattr(speedup.Reference, "speedup", from_fit)
 
 
 @mutant("grid-never-extended")  # an edge optimum stays at the edge
@@ -613,26 +722,41 @@ def _(monkeypatch):
         resource.RUSAGE_SELF).ru_maxrss * 1024)[1])
 
 
-@mutant("edge-ignored")  # an LR at an edge does not make the claim inconclusive
+@mutant("edge-premise-off")  # a tuned hyperparameter at an edge does not fail the claim's premise
 def _(monkeypatch):
-    monkeypatch.setattr(leaderboard, "_edge", lambda cells, *keys: False)
+    real = claims_b.interior_premise
+    monkeypatch.setattr(claims_b, "interior_premise", lambda cells, arms: {**real(cells, arms), "passed": True})
+
+
+@mutant("second-edges-ignored")  # only the LR is checked for an edge, as before
+def _(monkeypatch):
+    real = protocol.at_edge
+    monkeypatch.setattr(claims_b, "at_edge", lambda sweep: [h for h in real(sweep) if h in ("lr", "nothing chosen")])
+
+
+@mutant("embedding-premise-off")  # the side group's LR is not compared with the baseline's
+def _(monkeypatch):
+    real = claims_b.embedding_premise
+    monkeypatch.setattr(claims_b, "embedding_premise", lambda *a: {**real(*a), "passed": True})
 
 
 @mutant("observations-decided")  # a row with no published claim gets a verdict
 def _(monkeypatch):
-    real = leaderboard.claims
-    monkeypatch.setattr(leaderboard, "claims", lambda *a: [
-        {**e, "verdict": e["verdict"].removeprefix("observation (").removesuffix(")")} for e in real(*a)])
+    monkeypatch.setattr(claims_b.claims, "observation", lambda id, text, metric, effect, n, published, *, regime,
+                        why: claims.claim(id, text, metric, [effect] * n, published, regime=regime))
 
 
 T = "tests/test_optimizers.py::"
 CAUGHT = [
-    ("speedup-extrapolated", f"{T}test_speedup_outside_the_fitted_range_is_a_bound_never_a_number"),
+    ("speedup-extrapolated", f"{T}test_a_bound_is_never_reproduced"),
     ("speedup-inverted", f"{T}test_speedup_from_end_of_run_losses_recovers_a_known_law"),
+    ("range-from-the-fit", f"{T}test_the_range_is_the_measured_losses_not_the_fit"),
     ("grid-never-extended", f"{T}test_protocol_grid_is_odd_with_the_centre_and_extends_past_an_edge"),
     ("lr-chosen-on-one-seed", f"{T}test_protocol_score_is_the_seed_mean_and_a_diverged_seed_disqualifies"),
     ("peak-is-process-rss", f"{T}test_step_peak_memory_follows_the_optimizer_state_not_the_run_order"),
-    ("edge-ignored", f"{T}test_speedup_outside_the_fitted_range_is_a_bound_never_a_number"),
+    ("edge-premise-off", f"{T}test_a_tuned_hyperparameter_at_an_edge_leaves_the_claim_untested"),
+    ("second-edges-ignored", f"{T}test_a_tuned_hyperparameter_at_an_edge_leaves_the_claim_untested"),
+    ("embedding-premise-off", f"{T}test_the_embedding_premise_compares_the_side_groups_lr_with_the_baselines"),
     ("observations-decided", f"{T}test_claims_without_a_published_claim_are_observations"),
     ("muon-noop", f"{T}test_every_registered_optimizer_lowers_the_loss[muon]"),
     ("muon-noop", f"{T}test_muon_update_is_the_orthogonalised_momentum_rms_matched"),

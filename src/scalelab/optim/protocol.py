@@ -1,6 +1,8 @@
-"""The optimizer benchmark's tuning protocol (METHODS §B; steps 1-2 of scalelab.config.optbench), free of training:
-`tune` drives a `trial(hp) -> score` callback (scalelab.train.optbench trains it over the sweep seeds), so the
-protocol's rules are tested on synthetic losses. Also the runs' names and the hyperparameters' centres and neighbours.
+"""The optimizer benchmark's tuning protocol (steps 1-2 of scalelab.config.optbench), free of training: `tune` drives
+a `trial(hp) -> score` callback (scalelab.train.optbench trains it over the sweep seeds), so the protocol's rules are
+tested on synthetic losses. Also the runs' names, the hyperparameters' centres and neighbours, which tuned
+hyperparameters a choice left at an edge of the values tried (`at_edge`), and the LR of a run's AdamW side group
+(`side_lr`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import math
 import statistics
 from collections.abc import Callable
 
-from scalelab.config import Params
+from scalelab.config import OptimizerConfig, Params
 from scalelab.config.optbench import BOUNDED
 
 SHORT = {"weight_decay": "wd", "warmup": "wu", "momentum": "mom", "beta1": "b1", "beta2": "b2"}
@@ -97,3 +99,28 @@ def tune(params: Params, optimizer: str, trial: Callable[[dict], float]) -> dict
 
 def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
+
+
+def at_edge(sweep: dict) -> list[str]:
+    """The tuned hyperparameters of a sweep summary (`tune`'s result) whose chosen value is the smallest or largest
+    of the values tried: the LR at an end of its grid after the extension (a diverged point past it is part of the
+    grid and brackets it), each second hyperparameter at an end of its one pass (values × hp_ratio^±1). A value the
+    protocol did not move (a zero centre has no neighbours) is not at an edge. An optimizer with nothing chosen
+    (every run diverged) has no hyperparameters to be interior: ["nothing chosen"]."""
+    if sweep.get("best_hp") is None:
+        return ["nothing chosen"]
+    grid = sorted(sweep["lr_grid"])
+    out = ["lr"] if sweep["best_lr"] in (grid[0], grid[-1]) else []
+    for hp, s in (sweep.get("second") or {}).items():
+        values = sorted(s["values"])
+        if len(values) > 1 and s["best"] in (values[0], values[-1]):
+            out.append(hp)
+    return out
+
+
+def side_lr(cfg: OptimizerConfig, lr: float) -> float:
+    """The LR of the AdamW side group (scalelab.optim.registry: the scale vectors, and under a matrix family the
+    embeddings and LM head too) of a benchmark run of `cfg` at LR `lr`: `cfg.adamw_lr` moved by the same factor as
+    the LR (lr / the centre `cfg.lr`: one LR knob per optimizer, scalelab.train.optbench.run_params), or the run's LR
+    itself where `adamw_lr` is unset (the registry's default)."""
+    return cfg.adamw_lr * lr / cfg.lr if cfg.adamw_lr else lr
