@@ -68,7 +68,7 @@ def budget_premise(reg: dict, factor: float) -> dict:
     ratio = reg.get("ratio")
     value = None if ratio is None else f"{reg['tokens_per_param']:.3g} tokens/param, {ratio:.2g}x the paper's"
     return premise("budget", value, ratio is not None and ratio >= 1 / factor,
-                   f"tokens/param within {factor:g}x of the paper's {reg.get('paper_tokens_per_param')}")
+                   f"tokens/param within {factor:g}x of the paper's {reg.get('paper_tokens_per_param') or 0:g}")
 
 
 def failed(premises: Sequence[dict]) -> list[dict]:

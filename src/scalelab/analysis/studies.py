@@ -112,11 +112,6 @@ def _regime(e: dict) -> str:
     return ", ".join(here) + f" ({r['scope']})"
 
 
-def _failed(e: dict) -> str:
-    return "; ".join(f"{p['name']} {ledger_rules._short(p['value'])} (need {p['need']})"
-                     for p in ledger_rules.failed(e["premises"]))
-
-
 def studies_frame(studies: list[dict]) -> pl.DataFrame:
     """One row per committed study: what it ran, where, and its verdicts (or why it has no ledger)."""
     def verdicts(s: dict) -> str:
@@ -161,9 +156,16 @@ def decided_table(results: Path) -> str:
         out += [f"| {e['claim']} | {_fmt_effect(e)} | {_paper(e)} | {e['n_seeds']} | {_regime(e)} | {s['name']} |"
                 for s, e in rows[v]]
         out.append("")
+    # untested rows grouped by the premises that failed (one study's claims often share them): the premise's
+    # measured value and how many claims it leaves untested; each claim's own row is in the study's ledger
+    groups: dict[tuple[str, str], int] = {}
+    for s, e in rows[ledger_rules.UNTESTED]:
+        key = (s["name"], "; ".join(f"{p['name']}: {ledger_rules._short(p['value'])}"
+                                    for p in ledger_rules.failed(e["premises"])))
+        groups[key] = groups.get(key, 0) + 1
     out += [f"**Untested: a premise failed** ({len(rows[ledger_rules.UNTESTED])})", "",
-            "| claim | failed premise | effect ± spread | study |", "|---|---|---|---|"]
-    out += [f"| {e['claim']} | {_failed(e)} | {_fmt_effect(e)} | {s['name']} |" for s, e in rows[ledger_rules.UNTESTED]]
+            "| study | premises that failed (measured) | claims |", "|---|---|---|"]
+    out += [f"| {study} | {why} | {n} |" for (study, why), n in groups.items()]
     notes = []
     for s in studies:
         if s["entries"] is None:
