@@ -112,7 +112,7 @@ def test_the_decided_table_groups_by_verdict_and_names_the_failed_premise(tmp_pa
     lines = table.splitlines()
     assert lines.index("**Reproduced** (1)") < lines.index("**Contradicted** (1)") < lines.index(
         "**Untested: a premise failed** (1)")
-    assert "| s1 | γ moved: 0.001 | 1 |" in table
+    assert "| s1 | γ moved | 1 | 0.001 |" in table
     assert "s0-old (profile p, seeds 0, 1, 2, commit abcdef0): superseded (old code)" in table
     assert sum(" | s0-old |" in line for line in lines) == 0  # a superseded study decides nothing
 

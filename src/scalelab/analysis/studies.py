@@ -156,16 +156,21 @@ def decided_table(results: Path) -> str:
         out += [f"| {e['claim']} | {_fmt_effect(e)} | {_paper(e)} | {e['n_seeds']} | {_regime(e)} | {s['name']} |"
                 for s, e in rows[v]]
         out.append("")
-    # untested rows grouped by the premises that failed (one study's claims often share them): the premise's
-    # measured value and how many claims it leaves untested; each claim's own row is in the study's ledger
-    groups: dict[tuple[str, str], int] = {}
+    # untested rows grouped by study and failed premise (a claim counts under each premise it fails): how many claims
+    # it leaves untested and its measured values, each cut at its first parenthesis; every claim's own row, with the
+    # whole value and the premise's need, is in the study's ledger
+    groups: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
     for s, e in rows[ledger_rules.UNTESTED]:
-        key = (s["name"], "; ".join(f"{p['name']}: {ledger_rules._short(p['value'])}"
-                                    for p in ledger_rules.failed(e["premises"])))
-        groups[key] = groups.get(key, 0) + 1
+        for p in ledger_rules.failed(e["premises"]):
+            ids, values = groups.setdefault((s["name"], p["name"]), (set(), []))
+            ids.add(e["id"])
+            value = ledger_rules._short(p["value"]).split(" (")[0]
+            if value not in values:
+                values.append(value)
     out += [f"**Untested: a premise failed** ({len(rows[ledger_rules.UNTESTED])})", "",
-            "| study | premises that failed (measured) | claims |", "|---|---|---|"]
-    out += [f"| {study} | {why} | {n} |" for (study, why), n in groups.items()]
+            "| study | premise that failed | claims | measured |", "|---|---|---|---|"]
+    out += [f"| {study} | {name} | {len(ids)} | {'; '.join(values[:3]) + ('; …' if len(values) > 3 else '')} |"
+            for (study, name), (ids, values) in groups.items()]
     notes = []
     for s in studies:
         if s["entries"] is None:
