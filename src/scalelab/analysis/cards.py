@@ -62,16 +62,30 @@ def cards(studies: list[dict], results: Path) -> list[Card]:
 def _effect(e: dict) -> str:
     if e["effect"] is None:
         return "no measurement"
-    spread = "" if e["spread"] is None else f" ± {e['spread']:.3g}"
-    paper = "" if e["paper_effect"] is None else f" (paper: {e['paper_effect']})"
-    return f"{e['effect']:+.4g}{spread} {e['metric']}{paper}"
+    spread = "" if e["spread"] is None else f" ± {e['spread']:.2g}"
+    paper = "" if e["paper_effect"] is None else f" (paper: {ledger_rules._short(e['paper_effect'])})"
+    return f"{e['effect']:+.3g}{spread}{paper}"
+
+
+def _regime(e: dict) -> str:
+    """This run's size and data beside the paper's, in a few words (the entry holds the whole regime)."""
+    r = e["regime"]
+    here = [f"{r['params'] / 1e6:.3g}M params" if r.get("params") else None,
+            f"{r['tokens_per_param']:.2g} tokens/param" if r.get("tokens_per_param") else None]
+    paper = f"paper {r['paper_tokens_per_param']:g}" if r.get("paper_tokens_per_param") else None
+    return ", ".join(x for x in (*here, paper) if x)
 
 
 def _why(e: dict) -> str:
-    """The premises behind the verdict: the failed ones for an untested entry, else every one that held."""
-    bad = ledger_rules.failed(e["premises"])
-    shown = bad or e["premises"]
-    return "; ".join(f"{p['name']}: {ledger_rules._short(p['value'])}" for p in shown)
+    """The failed premises of an untested entry (each value cut at its first parenthesis), else the names of those
+    that held."""
+    if bad := ledger_rules.failed(e["premises"]):
+        return "failed: " + "; ".join(f"{p['name']}: {ledger_rules._short(p['value']).split(' (')[0]}" for p in bad)
+    return ("held: " + ", ".join(p["name"] for p in e["premises"])) if e["premises"] else ""
+
+
+def _detail(e: dict, study: str) -> str:
+    return " · ".join(x for x in (_effect(e), _regime(e), _why(e), study) if x)
 
 
 def markdown(cs: list[Card]) -> str:
@@ -80,39 +94,31 @@ def markdown(cs: list[Card]) -> str:
         parts.append(f"### {c.title}\n\n{c.sources}\n")
         if not c.rows:
             parts.append("no committed study yet\n")
-        for study, e in c.rows:
-            why = _why(e)
-            parts.append(f"- **{e['verdict']}**: {e['claim']}: {_effect(e)}; {ledger_rules.regime_text(e['regime'])}"
-                         + (f"; premises: {why}" if why else "") + f" ({study})")
+        parts += [f"- **{verdict_of(e)}**: {e['claim']} ({_detail(e, study)})" for study, e in c.rows]
     return "\n".join(parts)
 
 
 def render_html(cs: list[Card]) -> str:
     out = []
     for c in cs:
-        rows = []
-        for study, e in c.rows:
-            v = verdict_of(e)
-            why = _why(e)
-            rows.append(f"<li><span class='verdict' style='background:{COLORS.get(v, '#57606a')}'>"
-                        f"{html.escape(v)}</span> {html.escape(e['claim'])}<br><small>{html.escape(_effect(e))}; "
-                        f"{html.escape(ledger_rules.regime_text(e['regime']))}"
-                        + (f"; premises: {html.escape(why)}" if why else "") + f" ({html.escape(study)})</small>"
-                        + (f"<br><small>{html.escape(e['verdict'])}</small>" if v == ledger_rules.UNTESTED else "")
-                        + "</li>")
+        rows = [f"<li><span class='verdict' style='background:{COLORS.get(verdict_of(e), '#57606a')}'>"
+                f"{html.escape(verdict_of(e))}</span> <span title='{html.escape(e['metric'])}'>"
+                f"{html.escape(e['claim'])}</span><br><small>{html.escape(_detail(e, study))}</small></li>"
+                for study, e in c.rows]
         fig = ""
         if c.figure is not None:
             data = base64.b64encode(c.figure.read_bytes()).decode()
             fig = f"<img alt='{html.escape(c.figure.stem)}' src='data:image/png;base64,{data}'>"
         body = f"<ul>{''.join(rows)}</ul>" if rows else "<p>no committed study yet</p>"
-        out.append(f"<section class='card' id='card-{c.key}'><h3>{html.escape(c.title)}</h3>"
-                   f"<p class='sources'>{html.escape(c.sources)}</p>{body}{fig}</section>")
+        out.append(f"<section class='card' id='card-{c.key}'><div class='text'><h3>{html.escape(c.title)}</h3>"
+                   f"<p class='sources'>{html.escape(c.sources)}</p>{body}</div>{fig}</section>")
     return f"<div class='cards'>{''.join(out)}</div>"
 
 
 STYLE = (".cards{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:1em;margin:1em 0}"
-         ".card{border:1px solid #d0d7de;border-radius:8px;padding:.6em 1em;font-size:.85em;overflow:hidden}"
-         ".card h3{margin:.2em 0}.card ul{padding-left:1.1em;margin:.4em 0}.card li{margin:.3em 0}"
-         ".card img{max-width:100%;max-height:11em;display:block;margin:.4em auto 0}"
+         ".card{border:1px solid #d0d7de;border-radius:8px;padding:.4em .8em;font-size:.8em;overflow:hidden}"
+         ".card h3{margin:.1em 0}.card ul{padding-left:1.1em;margin:.3em 0}.card li{margin:.25em 0}"
+         ".card{display:flex;gap:.6em;align-items:flex-start}.card .text{flex:1;min-width:0}"
+         ".card img{max-width:38%;max-height:9em;object-fit:contain}"
          ".sources{color:#57606a;margin:0}.verdict{color:#fff;border-radius:4px;padding:0 .35em;font-size:.9em}"
          "details{margin:.5em 0}summary{cursor:pointer;font-weight:bold}")
