@@ -93,7 +93,7 @@ def test_the_report_shows_the_committed_studies_beside_this_run(studies):
     # the first screen: one card per paper, the committed study's decided claims with verdict and regime
     first = md[:md.index("This run: ")]
     card_a = first[first.index("### Scale vectors"):first.index("### Optimizers")]
-    assert "- **reproduced**: base: none is worse than standard: +0.07" in card_a and "(a-study)" in card_a
+    assert "- **reproduced**: base: none is worse than standard (+0.07 ± " in card_a and "· a-study)" in card_a
     assert "base: unified is better" not in card_a  # inconclusive: not a headline when decided ones exist
     assert first.count("no committed study yet") == 3  # B, C, D have none here
     # then this run's ledger, then every committed study's ledger whole, labelled
