@@ -3,8 +3,9 @@ train/val by document hash, streaming (bounded memory: scalelab.data.corpus).
 
 Deps: the corpus path itself (dvc.yaml: `${prepare.corpus.path}`), so an edited local corpus reruns this stage; a hub
 corpus is pinned by `prepare.corpus.hub_revision`.
-Outs: data/prepared/{train,val}.parquet (+ mlflow_run.json), metrics/prepare.json (counts, invalid UTF-8 bytes
-replaced per file, the source and its revision).
+Outs: data/prepared/{train,val}.parquet, metrics/prepare.json (counts, invalid UTF-8 bytes replaced per file, the
+source and its revision); beside the data, mlflow_run.json, the MLflow run's pointer (outside the out's hash: the
+same corpus and params hash the same on every run).
 """
 
 import sys

@@ -99,8 +99,8 @@ def no_process_left_behind():
 # --no-loadscope-reorder (pyproject) xdist's loadfile hands files to the two workers in this order, so no long file
 # starts late and runs alone at the end (LPT scheduling; xdist's own order, by number of tests, put them last).
 LONGEST_FIRST = ("test_pipeline.py", "test_crash.py", "test_flow.py", "test_experiments.py", "test_runstate.py",
-                 "test_runners.py", "test_teamserver.py", "test_ui.py", "test_hardening.py", "test_remote.py",
-                 "test_rehearsal.py")
+                 "test_runners.py", "test_teamserver.py", "test_ui.py", "test_hardening.py", "test_bad_params.py",
+                 "test_remote.py", "test_rehearsal.py")
 
 
 def pytest_collection_modifyitems(config, items):

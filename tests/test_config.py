@@ -303,6 +303,91 @@ def _lookup(raw: dict, dotted: str):
     return raw if raw is not None else "null"
 
 
+# ---------------------------------------------------------------- library kwargs: names and types
+def _library_classes():
+    import pytorch_optimizer as po
+    import torch
+
+    return {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "adafactor": torch.optim.Adafactor,
+            "muon": torch.optim.Muon, "lion": po.Lion, "signum": po.SignSGD, "soap": po.SOAP, "sophia": po.SophiaH,
+            "adam_mini": po.AdamMini, "galore": po.GaLore, "ademamix": po.AdEMAMix, "mars": po.MARS,
+            "sf_adamw": po.ScheduleFreeAdamW}
+
+
+def test_the_kwarg_types_are_the_libraries_signatures():
+    """Each kwarg's type in the schema is its library's annotation (the default's type where there is none), or for
+    a key the factory takes itself, that of the projector it configures; and each library default is a valid value."""
+    import inspect
+    from typing import Annotated, get_args, get_origin, get_type_hints
+
+    from pytorch_optimizer.optimizer.utils.galore import GaLoreProjector
+
+    from scalelab.config.optim import FACTORY_KWARGS, KWARG_TYPES, check_kwargs
+
+    def bare(t):
+        return get_args(t)[0] if get_origin(t) is Annotated else t
+
+    factory_types = {**get_type_hints(GaLoreProjector.__init__), "rank_ratio": float, "beta3": float}
+    classes = _library_classes()
+    assert set(KWARG_TYPES) == set(classes)
+    for name, cls in classes.items():
+        hints, params = get_type_hints(cls.__init__), inspect.signature(cls.__init__).parameters
+        for key, typ in KWARG_TYPES[name].items():
+            if key in FACTORY_KWARGS.get(name, ()):
+                assert bare(typ) == factory_types[key], (name, key)
+                continue
+            default = params[key].default
+            assert bare(typ) == hints.get(key, type(default)), (name, key, typ, hints.get(key))
+            if default is not inspect.Parameter.empty:
+                check_kwargs(name, {key: list(default) if isinstance(default, tuple) else default})
+
+
+@pytest.mark.parametrize("name,key,value,needle", [
+    ("galore", "rank_ratio", "not-a-number", "Input should be a valid number"),
+    ("galore", "rank_ratio", 0, "greater than 0"),
+    ("galore", "projection_type", "sdt", "Input should be 'std'"),
+    ("adamw", "foreach", 1, "Input should be a valid boolean"),
+    ("muon", "ns_steps", 5.0, "Input should be a valid integer"),
+    ("mars", "betas_1d", [0.9], r"tuple\[float, float\]"),
+    ("sophia", "p", "1e-3", "YAML reads 1e-3 as a string"),
+    ("ademamix", "t_alpha_beta3", float("inf"), "finite"),
+])
+def test_a_kwarg_of_the_wrong_type_is_named(name, key, value, needle):
+    raw = _raw()
+    raw["optim"][name].setdefault("kwargs", {})[key] = value
+    with pytest.raises(ParamsError, match=rf"optim\.{name}\.kwargs: {key}: .*{needle}"):
+        parse_params(raw)
+
+
+def test_kwargs_reach_the_library_as_its_types():
+    """A YAML list becomes the tuple the signature names, an int the float; the optimizer builds with them."""
+    from torch import nn
+
+    from scalelab.config import OptimizerConfig
+
+    cfg = OptimizerConfig(name="muon", kwargs={"ns_coefficients": [3, -4.775, 2.0315], "eps": 1})
+    assert cfg.kwargs == {"ns_coefficients": (3.0, -4.775, 2.0315), "eps": 1.0}
+    assert type(cfg.kwargs["eps"]) is float
+    from scalelab.optim.families import _muon
+
+    opt = _muon([{"params": [nn.Parameter(nn.init.eye_(nn.Linear(4, 4).weight.detach().clone()))]}], cfg, None)
+    assert opt.param_groups[0]["ns_coefficients"] == (3.0, -4.775, 2.0315)
+
+
+def test_an_unregistered_optimizer_is_named():
+    raw = _raw()
+    raw["optim"]["adamw"]["name"] = "adamww"
+    with pytest.raises(ParamsError, match=r"optim\.adamw\.name: unknown optimizer 'adamww'; registered: "):
+        parse_params(raw)
+
+
+@mutant("kwargs-types-unchecked")  # kwargs checked by name only, as before
+def _(monkeypatch):
+    from scalelab.config import optim
+
+    monkeypatch.setattr(optim, "_adapter", lambda name, key: __import__("pydantic").TypeAdapter(object))
+
+
 @mutant("machine-file-ignored")
 def _(monkeypatch):
     from scalelab.config import machine
@@ -318,6 +403,8 @@ def _(monkeypatch):
 
 
 test_the_machine_tests_are_caught = mutation_checks([
+    ("kwargs-types-unchecked", "tests/test_config.py::test_a_kwarg_of_the_wrong_type_is_named[galore-rank_ratio-not-"
+                               "a-number-Input should be a valid number]"),
     ("machine-file-ignored",
      "tests/test_config.py::test_machine_file_beside_params_wins_over_the_profiles_machine_section"),
     ("machine-inline-accepted", "tests/test_config.py::test_a_machine_setting_inline_in_params_yaml_is_refused_naming"

@@ -183,12 +183,39 @@ def _write(tmp_path, raw, name="params.yaml"):
     (lambda r: r["pretrain"]["recipes"].update({"a b": {"optimizer": "adamw"}}), r"pretrain\.recipes\.a b"),
     (lambda r: r["optim"].update({"$(id)": {"name": "adamw"}}), r"optim\.\$\(id\)"),
     (lambda r: r["pretrain"]["grid"].update(recipe_sizes=["a;b"]), r"pretrain\.grid\.recipe_sizes\.0: invalid name"),
+    (lambda r: r["optim"]["galore"]["kwargs"].update(rank_ratio="not-a-number"),
+     r"optim\.galore\.kwargs: rank_ratio: Input should be a valid number"),
 ])
 def test_params_errors_are_one_line_with_the_key_path(tmp_path, capsys, mutate, needle):
     raw = yaml.safe_load(MICRO.read_text())
     mutate(raw)
     rc, err = _check(_write(tmp_path, raw), capsys)
     assert rc == 2 and len(err.splitlines()) == 1 and re.search(needle, err), err
+
+
+def test_a_value_the_library_refuses_fails_the_check(tmp_path, capsys):
+    """Of the type the schema asks, refused by the optimizer's constructor: `scalelab check` builds each optimizer of
+    `optim` as a stage would, on a one-matrix model, so it fails there with one line naming the optimizer."""
+    for mutate, needle in ((lambda r: r["optim"]["sophia"]["kwargs"].update(p=-1.0),
+                            r"^check: optim\.sophia: sophia refuses these settings: p \(gradient clip\) must be"),
+                           (lambda r: r["optim"]["sgd"].update(kwargs={"dampening": 0.5}),
+                            r"^check: optim\.sgd: sgd refuses these settings: Nesterov momentum requires")):
+        raw = yaml.safe_load(MICRO.read_text())
+        mutate(raw)
+        rc, err = _check(_write(tmp_path, raw), capsys)
+        assert rc == 2 and len(err.splitlines()) == 1 and re.search(needle, err), err
+
+
+@mutant("optimizers-not-built")  # `scalelab check` checks the schema only: a value the library refuses passes
+def _(monkeypatch):
+    from scalelab.pipeline import check
+
+    monkeypatch.setattr(check, "build_optimizers", lambda optim: None)
+
+
+test_the_check_builds_the_optimizers = mutation_checks([
+    ("optimizers-not-built", "tests/test_hardening.py::test_a_value_the_library_refuses_fails_the_check"),
+])
 
 
 def test_yaml_syntax_error_is_one_line_with_its_position(tmp_path, capsys):

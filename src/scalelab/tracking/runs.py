@@ -1,6 +1,6 @@
 """MLflow tracking: one experiment per project, a parent run per pipeline execution, a child run per stage cell.
 
-DESIGN "Contracts: MLflow". The Prefect flow opens the parent run (`pipeline_run`) and hands its id to the stages in
+The Prefect flow opens the parent run (`pipeline_run`) and hands its id to the stages in
 SCALELAB_PARENT_RUN_ID; under plain `dvc repro` every stage finds or creates the parent keyed by the git commit and the
 sha256 of params.yaml, so all stages of one repro share it. Tracking never stops a stage: a failure (server down, bad
 URI, sqlite locked) warns once and the run becomes a no-op (run_id None when no run could be opened).
@@ -23,7 +23,7 @@ from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from scalelab import experiment_tags
+from scalelab import experiment_tags, store_root
 from scalelab.tracking import dashboard, orphans
 from scalelab.tracking.store import (FLOW_RUN_ENV, MAX_KEY, MAX_PARAM, MAX_TAG, PARENT_ENV, RUN_ENV, _connect, _number,
                                      _repro_parent, deps_hash, flatten, git_commit, public_uri, run_url, tracking_uri)
@@ -48,7 +48,7 @@ class StageRun:
         try:
             fn = getattr(self._client, method) if isinstance(method, str) else partial(method, self._client)
             return fn(*args, **kwargs)
-        except Exception as err:  # tracking never stops a stage (DESIGN)
+        except Exception as err:  # tracking never stops a stage
             self._client = None
             name = getattr(method, "__name__", method)
             msg = f"MLflow tracking off for this run ({name}: {type(err).__name__}: {err})"
@@ -124,13 +124,17 @@ class StageRun:
 
     def record(self, out_dir: str | os.PathLike) -> Path | None:
         """Write out_dir/mlflow_run.json (atomically): the stage's outs point to the run that made them. A folder
-        holding a model (weights, or an `hf/` export) also becomes an MLflow logged model (its id recorded)."""
+        holding a model (weights, or an `hf/` export) also becomes an MLflow logged model (its id recorded).
+
+        The pointer is this machine's (a run of its store), not data: .dvcignore keeps it out of the out's hash, so
+        the out's hash depends on its data alone and a `dvc push` never sends it; a store under the project is
+        written relative to it (`sqlite:///mlflow.db`: from the project root, where stages run)."""
         if not self._active:
             return None
         path = Path(out_dir) / "mlflow_run.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        info = {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": public_uri()}
+        info = {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": _project_uri()}
         if (folder := dashboard.model_folder(out_dir)) is not None and (model_id := self.log_model(folder)):
             info["model_id"] = model_id
         tmp.write_text(json.dumps(info, indent=1) + "\n")
@@ -138,7 +142,7 @@ class StageRun:
         return path
 
     def lightning_logger(self):
-        """Lightning's MLFlowLogger bound to this run (always with the URI: DESIGN), or None when tracking is down.
+        """Lightning's MLFlowLogger bound to this run (always with the URI), or None when tracking is down.
 
         On DDP ranks > 0 it is bound to rank 0's run and logs nothing (Lightning logs from rank 0 only)."""
         if self.run_id is None or (self._active and self._client is None):
@@ -159,6 +163,20 @@ class StageRun:
             del os.environ[RUN_ENV]
 
 
+def _project_uri() -> str:
+    """The public tracking URI, a local store under the project (scalelab.store_root) written relative to it:
+    `sqlite:///mlflow.db`, `mlruns`; a server, or a store elsewhere, as it is."""
+    uri, root = public_uri(), store_root().resolve()
+    prefix = next((p for p in ("sqlite:///", "file://") if uri.startswith(p)), "" if "://" not in uri else None)
+    if prefix is None:
+        return uri
+    path = Path(uri[len(prefix):])
+    if not path.is_absolute() or not path.resolve().is_relative_to(root):
+        return uri
+    rel = path.resolve().relative_to(root).as_posix()
+    return f"sqlite:///{rel}" if prefix == "sqlite:///" else rel
+
+
 @contextlib.contextmanager
 def _lifecycle(run: StageRun) -> Iterator[StageRun]:
     try:
@@ -175,7 +193,7 @@ def _safe_logger_class():
 
     class SafeMLFlowLogger(MLFlowLogger):
         """Lightning's MLFlowLogger whose calls warn, once, instead of raising: an outage mid-training (server gone,
-        sqlite locked) never kills the run (DESIGN); the metrics still land in the stage's outs."""
+        sqlite locked) never kills the run; the metrics still land in the stage's outs."""
 
         _down = False
 
@@ -196,7 +214,7 @@ def _safe_logger_class():
 
         def finalize(self, status: str = "success") -> None:
             """Nothing: Lightning's marks the run FINISHED right after `fit`, before the stage's export and metrics
-            are written (issue 21). The stage's exit (`_lifecycle`, after its outs) writes the only terminal state."""
+            are written. The stage's exit (`_lifecycle`, after its outs) writes the only terminal state."""
 
         def log_batch(self, metrics: list[Metric]) -> None:
             """Many steps' metrics in one request (MlflowClient.log_batch chunks them)."""
