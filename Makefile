@@ -78,6 +78,12 @@ push: setup
 pull: setup
 	$(BIN)/python -m scalelab.pipeline.remote pull $(if $(R),-r $(R))
 
+# Delete the pipeline's outs in the workspace (data/, with the checkpoints of interrupted cells). DVC's cache keeps
+# every out, so `dvc checkout` restores them and `make repro` rebuilds only what the cache lacks; the committed metrics/
+# and plots/, models/ (imported models and your own), mlflow.db and .prefect/ are left alone.
+clean-outputs:
+	rm -rf data
+
 # The team MLflow server on this machine: PostgreSQL + `mlflow server --serve-artifacts` on 127.0.0.1:5000 (Ctrl-C
 # stops both); then `make repro MLFLOW_TRACKING_URI=http://127.0.0.1:5000` logs there.
 team-server: setup

@@ -14,7 +14,7 @@ DEFAULT_RETRIES = 2  # every stage is idempotent: training resumes from its chec
 # Stage-name prefix -> retries. Data stages are deterministic: a retry would only repeat the same error.
 RETRIES = {"validate": 0, "prepare": 0, "tokenize": 0}
 # A stage's own exit codes for bad input (scalelab.pipeline.stage): the same params, data or hyperparameters fail the same way
-# again, so a retry only delays the error (issue 21: a data error ran three times over ~19 minutes). Crashes (1, a
+# again, so a retry only delays the error (a data error once ran three times over ~19 minutes). Crashes (1, a
 # signal) and lock contention stay retried. DVC reports the command's code as "failed to run: <cmd>, exited with N"
 # (dvc.stage.exceptions.StageCmdFailedError) and itself exits 255: the task reads the stage's code from that line.
 DETERMINISTIC = {2: "params error", 3: "data error", 4: "non-finite loss"}

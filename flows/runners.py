@@ -1,4 +1,4 @@
-"""Where the pipeline flow's tasks run (issue 6): Prefect task runners for this machine, Dask and Ray.
+"""Where the pipeline flow's tasks run: Prefect task runners for this machine, Dask and Ray.
 
 - `threads` (default): a thread pool in the flow's process; each task runs its stage in a subprocess on one share of
   this machine (scalelab.runtime.placement). Tasks wait for their upstream futures inside these threads, so there are many

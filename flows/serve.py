@@ -1,4 +1,5 @@
-"""Serve the pipeline flow as a deployment on a cron schedule, visible in the Prefect UI (DESIGN "Contracts: Prefect").
+"""Serve the pipeline flow as a deployment on a cron schedule, visible in the Prefect UI
+(docs/howto-schedule-the-flow.md).
 
     prefect server start --host 127.0.0.1                  # terminal 1: API and UI on http://127.0.0.1:4200
     prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api

@@ -68,7 +68,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
                       "scalelab.lm_eval": result["lm_eval"].get("skipped", "ran")})
         result["mlflow_run_id"], result["mlflow_model_id"] = run.run_id, model_id
         run.record(Path("data/evaluate") / name)
-        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        # outs and metrics inside the run: FINISHED only once they are written
         write_json_atomic(Path("metrics/evaluate") / f"{name}.json", result)
     if skipped := result["lm_eval"].get("skipped"):
         print(f"evaluate {name}: lm-eval skipped: {skipped}")

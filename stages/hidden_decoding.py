@@ -1,4 +1,4 @@
-"""DVC stage `hidden_decoding`: continue the backbone as one Hidden Decoding cell (METHODS §C) and record its metrics.
+"""DVC stage `hidden_decoding`: continue the backbone as one Hidden Decoding cell and record its metrics.
 
     python stages/hidden_decoding.py --cell n4 --seed 0
 
@@ -52,7 +52,7 @@ def train(params: Params, args: argparse.Namespace) -> None:
         metrics = fit_cell(hd, args.cell, args.seed, out_dir, shards, run,
                            plot=Path("plots/hidden_decoding") / f"{name}.csv", corpus=corpus)
         run.record(out_dir / "model")
-        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        # outs and metrics inside the run: FINISHED only once they are written
         write_json_atomic(Path("metrics/hidden_decoding") / f"{name}.json",
                           {"cell": args.cell, "seed": args.seed, **metrics, "mlflow_run_id": run.run_id})
 

@@ -52,7 +52,7 @@ def main(params: Params) -> None:
             run.log_artifact(out / png)
         run.log_artifact(out / "gain_vs_n.png", parent=True)
         run.record(out)
-        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        # outs and metrics inside the run: FINISHED only once they are written
         write_json_atomic("metrics/hidden_decoding.json", {"cells": rows, "gain_vs_n": gains})
         ledger.write_claims("metrics/claims_c.json", entries)
 

@@ -1,4 +1,4 @@
-"""DVC stage `pretrain`: train one cell of the scale-vector matrix (METHODS §A) and record its final metrics.
+"""DVC stage `pretrain`: train one cell of the scale-vector matrix (docs/scale-vectors.md) and record its final metrics.
 
     python stages/pretrain.py --variant unified --size s --recipe base --seed 0
 
@@ -51,7 +51,7 @@ def train(params: Params, args: argparse.Namespace) -> None:
         if rank_zero_only.rank == 0:
             metrics["hf_export"] = export_cell(out_dir / "model", tokenizer, params.tokenizer.eot_token)
         run.record(out_dir / "model")
-        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        # outs and metrics inside the run: FINISHED only once they are written
         if rank_zero_only.rank == 0:  # under DDP, Lightning re-runs this script on every rank
             write_json_atomic(Path("metrics/pretrain") / f"{name}.json",
                               {**identity, **metrics, "mlflow_run_id": run.run_id})

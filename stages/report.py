@@ -35,7 +35,7 @@ def main(params: Params) -> None:
         run.log_metrics({f"claims.{v}": n for v, n in metrics["verdicts"].items()}
                         | {"models_evaluated": metrics["models_evaluated"]})
         run.record(OUT)
-        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        # outs and metrics inside the run: FINISHED only once they are written
         write_json_atomic("metrics/report.json", metrics)
     print(f"report: {OUT / 'report.md'}, {OUT / 'report.html'} ({metrics['verdicts'] or 'no claims yet'})")
 

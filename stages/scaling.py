@@ -1,4 +1,4 @@
-"""DVC stage `scaling`: fit L(N) = E + A·N^-α per scale-vector variant and write the claims ledger of METHODS §A.
+"""DVC stage `scaling`: fit L(N) = E + A·N^-α per scale-vector variant and write the claims ledger.
 
 Outs: data/scaling/{cells.csv, summary.csv, fits.csv, paired.csv, claims_a.md, claims_a_by_recipe.md, scaling.png,
 mlflow_run.json}, metrics/scaling.json, metrics/claims_a.json, plots/scaling.csv.
@@ -49,7 +49,7 @@ def main(params: Params) -> None:
         run.log_artifact(out / "scaling.png", parent=True)
         run.log_artifact(out / "claims_a.md")
         run.record(out)
-        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        # outs and metrics inside the run: FINISHED only once they are written
         claims.write_claims("metrics/claims_a.json", entries)
         write_json_atomic("metrics/scaling.json",
                           {"cells": cells.height, "fits": {v: f.row() for v, f in fits.items()}})

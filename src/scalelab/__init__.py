@@ -7,14 +7,14 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# Threads per training process, set by the pipeline flow for each worker (cores / workers, issue 6). It overrides
+# Threads per training process, set by the pipeline flow for each worker (cores / workers). It overrides
 # `pretrain.threads` without being a param: it decides where the work runs, not what it computes (up to the order
 # of floating-point sums).
 THREADS_ENV = "SCALELAB_THREADS"
 
 
 # `dvc exp run --temp` and queued experiments run in a copy of the repo under <repo>/.dvc/tmp/exps/ (DVC's
-# EXEC_TMP_DIR); DVC sets DVC_ROOT to the original repo there, and DVC_EXP_NAME / DVC_EXP_BASELINE_REV (issue 20).
+# EXEC_TMP_DIR); DVC sets DVC_ROOT to the original repo there, and DVC_EXP_NAME / DVC_EXP_BASELINE_REV.
 EXP_TMP = (".dvc", "tmp", "exps")
 EXP_ENV = {"DVC_EXP_NAME": "dvc.exp_name", "DVC_EXP_BASELINE_REV": "dvc.exp_baseline_rev"}  # env var -> run tag
 

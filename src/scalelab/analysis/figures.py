@@ -58,7 +58,7 @@ def ablation(table: pl.DataFrame, path: Path) -> Path:
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks([j + width * (len(sizes) - 1) / 2 for j in range(len(variants))], variants, rotation=30)
     ax.set_ylabel("Δ val loss vs standard (lower is better)")
-    ax.set_title("scale-vector ablation (METHODS §A)")
+    ax.set_title("scale-vector ablation")
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -89,5 +89,5 @@ def gain_vs_n(table: pl.DataFrame, x: str, y: str, path: Path) -> Path:
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel(x)
     ax.set_ylabel(y)
-    ax.set_title("Hidden Decoding: gain against n (METHODS §C)")
+    ax.set_title("Hidden Decoding: gain against n")
     return _save(fig, path)

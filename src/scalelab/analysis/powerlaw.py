@@ -1,4 +1,4 @@
-"""Scaling-law fits L(N) = E + A·N^(−α) that say when they are not identified (METHODS §A reproduction target).
+"""Scaling-law fits L(N) = E + A·N^(−α) that say when they are not identified (the scale-vector study's fits).
 
 The fit: for a fixed α the model is linear in (E, A), so E, A ≥ 0 come from non-negative least squares (scipy's
 nnls) at every α of a log grid over `bounds`; the best grid point is then refined by a bounded scalar minimisation

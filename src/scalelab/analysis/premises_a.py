@@ -221,7 +221,7 @@ def cells_moved(cells: Cells, params: Params, recipe: str, treated: str, sizes: 
                          "every γ vector over the decayed share, the undecayed taken as unchanged)", note)
 
 
-# METHODS' weight-decay claims at a dose: per decayed kind, its arm and the runs' column of that kind's mean γ
+# The weight-decay claims at a dose: per decayed kind, its arm and the runs' column of that kind's mean γ
 DOSE_KINDS = {"wd_in": ("input", "gamma_in"), "wd_out": ("output", "gamma_out")}
 
 

@@ -1,4 +1,4 @@
-"""Scaling curves of the scale-vector study (METHODS §A reproduction target): the cells' final validation losses
+"""Scaling curves of the scale-vector study: the cells' final validation losses
 as a polars table, their seed means and spreads, a power-law fit per variant (scalelab.analysis.powerlaw) and the
 plot. N is the non-embedding parameter count (Kaplan et al.; embeddings dominate tiny models and would hide the
 trend). The claims built on these tables live in scalelab.analysis.claims_a.

@@ -1,4 +1,4 @@
-"""Params section `evaluate`: which models are evaluated, and how (DESIGN "evaluate"; README "Evaluation").
+"""Params section `evaluate`: which models are evaluated, and how (docs/workflow.md "Evaluation").
 
 Two kinds of cells, one stage script:
 - pretrain cells: every base-recipe variant × seed of `pretrain.grid` at each size in `sizes`, through the cell's

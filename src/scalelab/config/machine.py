@@ -1,4 +1,4 @@
-"""Machine settings: where and how fast the work runs, kept out of the DVC-tracked params (issue 20, item 5).
+"""Machine settings: where and how fast the work runs, kept out of the DVC-tracked params.
 
 Threads, devices, accelerator, torch.compile, peak FLOPs, the DDP strategy and node count, and the evaluate and
 compress stages' device and threads decide where a result is computed, not what it is (up to the order of

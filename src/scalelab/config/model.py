@@ -1,4 +1,4 @@
-"""params section `model`: the architecture, its sizes and scale-vector variants (METHODS §A)."""
+"""params section `model`: the architecture, its sizes and scale-vector variants (docs/scale-vectors.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def check_heads(d_model: int, n_head: int, n_kv_head: int | None) -> None:
 
 
 class ScaleConfig(Strict):
-    """Scale-vector variant (METHODS §A). Flags compose; `scales: false` is the `none` variant."""
+    """Scale-vector variant. Flags compose; `scales: false` is the `none` variant."""
 
     scales: bool = True
     branch: bool = False  # one γ per consuming branch of a shared x̂

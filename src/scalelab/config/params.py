@@ -36,9 +36,9 @@ class Params(Strict):
     pretrain: PretrainConfig
     scaling: ScalingConfig = ScalingConfig()
     evaluate: EvaluateConfig | None = None  # evaluation cells and the report (config/evaluate.py)
-    hidden_decoding: HiddenDecodingConfig | None = None  # METHODS §C
-    compress: CompressConfig | None = None  # METHODS §D
-    optimizers: OptBenchConfig | None = None  # METHODS §B: the optimizer benchmark (config/optbench.py)
+    hidden_decoding: HiddenDecodingConfig | None = None  # docs/hidden-decoding.md
+    compress: CompressConfig | None = None  # docs/compression.md
+    optimizers: OptBenchConfig | None = None  # the optimizer benchmark (docs/optimizers.md)
     # Packaged pretrained LMs to import offline (stage import_model, one cell each: models/<name>; scalelab.model.gguf)
     import_models: list[Name] = []
 

@@ -1,4 +1,4 @@
-"""params sections `pretrain` (recipes, grid, trainer settings) and `scaling` (METHODS §A study)."""
+"""params sections `pretrain` (recipes, grid, trainer settings) and `scaling` (docs/scale-vectors.md)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ class RecipeConfig(Strict):
     optimizer: str = "adamw"  # key of params `optim`
     schedule: ScheduleConfig = ScheduleConfig()
     moe: bool = False
-    # Peri-LN axis (METHODS §A Output-Norm): a post-branch norm whose γ weighs each branch in the residual stream.
+    # Peri-LN axis (an Output-Norm γ): a post-branch norm whose γ weighs each branch in the residual stream.
     # None keeps `model.post_norm` (the study's Pre-Norm default: false).
     post_norm: bool | None = None
 
 
 class SharpnessConfig(Strict):
-    """Top Hessian eigenvalue of the cross-entropy (METHODS §A diagnostics), in the folded plain-weight
+    """Top Hessian eigenvalue of the cross-entropy (the sharpness the decay claims speak of), in the folded plain-weight
     parameterization, on one fixed batch of training windows."""
 
     enabled: bool = True
-    tokens: Annotated[int, Field(ge=4096)] = 4096  # the fixed batch: tokens // seq_len windows (issue 7: ≥ 4k)
+    tokens: Annotated[int, Field(ge=4096)] = 4096  # the fixed batch: tokens // seq_len windows (≥ 4k)
     tol: PosFloat = 1e-2  # stop at residual ‖Hv − λv‖ ≤ tol·|λ|: an eigenvalue lies within tol·|λ| of λ
     max_iters: PosInt = 50  # power iterations per pass (a second pass runs past a negative dominant eigenvalue)
     every: PosInt | None = None  # steps between measurements; None: at the last step only
@@ -101,7 +101,7 @@ class PretrainConfig(Strict):
 
 
 class ScalingConfig(Strict):
-    """The scaling fits and the claims ledger of METHODS §A (scalelab.analysis.powerlaw, claims_a)."""
+    """The scaling fits and the claims ledger of the scale-vector study (scalelab.analysis.powerlaw, claims_a)."""
 
     min_sizes: Annotated[int, Field(ge=3)] = 3  # below this no fit at all; a fit is identified only with dof > 0
     alpha_bounds: tuple[PosFloat, PosFloat] = (0.02, 2.0)  # α at either bound: "not identified"

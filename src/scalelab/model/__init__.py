@@ -1,4 +1,4 @@
-"""The model layer (METHODS §A): a Llama-style decoder whose scale vectors are composable variants, and exports."""
+"""The models: a Llama-style decoder whose scale vectors are composable variants (docs/scale-vectors.md), exports."""
 
 from scalelab.model.export import export_hf, fold_scales, load_exported, plain_config, save_model
 from scalelab.model.norm import INPUT_SCALE, OUTPUT_SCALE, Projection, RMSNorm, Scale

@@ -1,4 +1,4 @@
-"""Causal self-attention: RoPE, grouped-query attention, optional QK-norm, no biases (METHODS §A model).
+"""Causal self-attention: RoPE, grouped-query attention, optional QK-norm, no biases (the scale-vector paper's model).
 
 RoPE follows Hugging Face Llama's non-interleaved `rotate_half` convention, so exported q/k weights need no
 permutation. QK-norm is RMS over head_dim with one γ per head_dim shared across heads, applied before RoPE (Qwen3).
@@ -52,7 +52,7 @@ class Attention(nn.Module):
         self.v = Projection(d, cfg.kv_heads * hd, std=cfg.init_std, cfg=s, reads_norm=True)
         self.o = Projection(cfg.n_head * hd, d, std=out_std, cfg=s, reads_norm=False)
         self.qk_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
-        # output-norm γ: they set the attention temperature, real capacity (METHODS §A)
+        # output-norm γ: they set the attention temperature, real capacity
         self.q_scale = make_scale(hd, OUTPUT_SCALE, s) if cfg.qk_norm else None
         self.k_scale = make_scale(hd, OUTPUT_SCALE, s) if cfg.qk_norm else None
 

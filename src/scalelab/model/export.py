@@ -1,4 +1,4 @@
-"""Exports (METHODS §A, DESIGN "Exports"): fold the input-side scales, then write a plain checkpoint.
+"""Exports: fold the input-side scales, then write a plain checkpoint.
 
 Folding is exact because an input-side scale only multiplies the input of a linear map:
     W · diag(γ) · x̂        → γ into the columns of W   (pre-attention/pre-MLP/final γ, branch γ)

@@ -1,4 +1,4 @@
-"""SwiGLU feed-forward block without biases: down(silu(gate(x)) ⊙ up(x)) (METHODS §A model)."""
+"""SwiGLU feed-forward block without biases: down(silu(gate(x)) ⊙ up(x))."""
 
 from __future__ import annotations
 

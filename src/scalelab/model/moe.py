@@ -1,4 +1,4 @@
-"""Mixture-of-experts SwiGLU block: softmax router, top-k, optional always-on shared expert (METHODS §A, MoE).
+"""Mixture-of-experts SwiGLU block: softmax router, top-k, optional always-on shared expert.
 
 Routing: p = softmax(router(x)); the k largest p_e are chosen and renormalized to sum 1. Experts have d_expert
 hidden units (default d_ff // top_k, so the active MLP size stays close to the dense one); the shared expert has the

@@ -1,4 +1,4 @@
-"""Normalization and scale vectors, kept apart so every scale variant is a composition (METHODS §A).
+"""Normalization and scale vectors, kept apart so every scale variant is a composition (docs/scale-vectors.md).
 
 `RMSNorm` computes x̂ = x / sqrt(mean(x²) + eps) and owns no parameters. A `Scale` is one scale vector γ (or s_out),
 plain (γ, init 1) or magnitude-direction (γ = g·sqrt(d)·v/‖v‖₂, g = 1 and v = 1 at init, so γ = 1 exactly).
@@ -19,7 +19,7 @@ from torch import nn
 
 from scalelab.config import ScaleConfig
 
-# METHODS §A: input-norm γ, branch γ and s_out can be folded into the adjacent linear map; output-norm γ
+# Input-norm γ, branch γ and s_out can be folded into the adjacent linear map; output-norm γ
 # (QK-norm, post-branch norm) cannot: they are capacity. The optimizer groups parameters by these kinds.
 INPUT_SCALE = "input_scale"
 OUTPUT_SCALE = "output_scale"
@@ -27,7 +27,7 @@ ScaleKind = Literal["input_scale", "output_scale"]
 
 
 class Scale(nn.Module):
-    """One scale vector of length `dim`; `forward()` returns its effective value γ (METHODS §A)."""
+    """One scale vector of length `dim`; `forward()` returns its effective value γ."""
 
     def __init__(self, dim: int, kind: ScaleKind, magdir: bool = False) -> None:
         super().__init__()
@@ -87,7 +87,7 @@ class Projection(nn.Linear):
         self.s_out = make_scale(d_out, INPUT_SCALE, cfg) if cfg.placement and kind == "matrix" else None
 
     def effective_weight(self) -> torch.Tensor:
-        """diag(s_out) · W · diag(s_in): the weight a plain model holds once these scales are folded (METHODS §A)."""
+        """diag(s_out) · W · diag(s_in): the weight a plain model holds once these scales are folded."""
         w = self.weight
         if self.s_in is not None:
             w = w * self.s_in()

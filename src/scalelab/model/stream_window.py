@@ -1,4 +1,4 @@
-"""The local cross-stream layer of Hidden Decoding (METHODS §C, layer kinds): attention over a window of tokens, all
+"""The local cross-stream layer of Hidden Decoding (beyond the sources): attention over a window of tokens, all
 their streams, in token-major order (entry n·i + s), without a mask over the whole sequence.
 
     (i,s) attends (j,s') for i − w < j < i, and (i,s') for s' ≤ s        (w = local_window; w ≥ T: a mixing layer)

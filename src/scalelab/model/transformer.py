@@ -1,4 +1,4 @@
-"""Llama-style Pre-Norm decoder with composable scale vectors (METHODS §A).
+"""Llama-style Pre-Norm decoder with composable scale vectors (docs/scale-vectors.md).
 
     x = embed(idx)
     for each block:  x = x + post?(attn(norm(x)))      post? = Peri-LN output norm (cfg.post_norm)

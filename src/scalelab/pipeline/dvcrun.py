@@ -1,4 +1,4 @@
-"""`dvc` as the flow runs it (issue 6): DVC's own CLI, with dvc.lock read by the fast safe YAML loader when a stage
+"""`dvc` as the flow runs it: DVC's own CLI, with dvc.lock read by the fast safe YAML loader when a stage
 updates it.
 
     python -m scalelab.pipeline.dvcrun repro --single-item pretrain@standard-xs-0      # any dvc command line

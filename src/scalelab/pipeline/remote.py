@@ -1,4 +1,4 @@
-"""Results travel through DVC remotes (issue 20): push and pull the project's outs, and the remote location of a
+"""Results travel through DVC remotes: push and pull the project's outs, and the remote location of a
 model folder.
 
 .dvc/config names a default remote `local`: a folder outside every clone, ~/.cache/scalelab/dvc-remote, so the clones
@@ -92,7 +92,7 @@ def model_urls(root: Path | None = None, remote: str | None = None) -> dict[str,
 
 def link_models(root: Path | None = None, remote: str | None = None) -> int:
     """Tag the newest MLflow logged model of each model folder in a cached out with its remote location; returns how
-    many were tagged. Best effort, like all tracking (DESIGN): a store that is down warns and tags nothing. Run at
+    many were tagged. Best effort, like all tracking: a store that is down warns and tags nothing. Run at
     the project root: logged models name their folders relative to it."""
     from mlflow import MlflowClient
 
@@ -113,7 +113,7 @@ def link_models(root: Path | None = None, remote: str | None = None) -> int:
             if model_id := dashboard.find_model(client, exp.experiment_id, root / folder):
                 client.set_logged_model_tags(model_id, {URL_TAG: url, REMOTE_TAG: name})
                 tagged += 1
-    except Exception as err:  # tracking never stops the work (DESIGN)
+    except Exception as err:  # tracking never stops the work
         warnings.warn(f"MLflow: logged models not linked to remote {name!r} ({type(err).__name__}: {err})",
                       RuntimeWarning)
     return tagged

@@ -1,4 +1,4 @@
-"""What every DVC stage script shares (DESIGN "Contracts: a stage"): params validated before any compute, and bad
+"""What every DVC stage script shares: params validated before any compute, and bad
 input reported as one clear line, not a traceback, with an exit code per kind of error (1 stays Python's own: a
 crash, a bug).
 

@@ -1,4 +1,4 @@
-"""Warm start for stage processes (issue 6): a server that has already imported the training stack forks one process
+"""Warm start for stage processes: a server that has already imported the training stack forks one process
 per stage command, so a cell pays neither the interpreter's start nor its imports (torch, Lightning, MLflow: seconds
 per cell, most of a small cell's cost outside its compute).
 
@@ -12,7 +12,7 @@ the child's exit status back, and the stage's process exits with it, forwarding 
 meanwhile. The child owns its process as a fresh one would: Lightning's DDP launcher re-executes the command for the
 other ranks, which run cold (a rank never hands off). If the stage's process dies, the server ends its child.
 
-The server runs exactly the code DVC hashes (issue 21): at start it records a content hash of every file under the
+The server runs exactly the code DVC hashes: at start it records a content hash of every file under the
 project root (its working directory) that its imports loaded, and before each fork it hashes them again. When one
 changed (an edit to src/ during a long flow), it refuses: that stage, and any until the server is idle, runs cold
 (importing the new code), and once no child of its runs, the server re-executes itself and imports afresh. A refusal

@@ -1,4 +1,4 @@
-"""Logging for stage processes: one line format on stderr, and the libraries' start-up noise silenced (issue 6).
+"""Logging for stage processes: one line format on stderr, and the libraries' start-up noise silenced.
 
 A stage's output is read in a terminal, in `dvc repro`'s output and in the Prefect log (the flow streams it there),
 so the library logs through `logging` (`logging.getLogger(__name__)`: loggers under `scalelab`), never `print`.

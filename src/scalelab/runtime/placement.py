@@ -1,4 +1,4 @@
-"""Where a pipeline cell runs: each concurrent worker's share of the machine (issue 6).
+"""Where a pipeline cell runs: each concurrent worker's share of the machine.
 
 Two 2-thread training processes on 2 cores were measured ~10x slower per step than one, from oversubscription. So
 every worker running stage cells concurrently gets its own share: cores / workers threads, set for everything a stage
@@ -23,6 +23,7 @@ from pathlib import Path
 from scalelab import THREADS_ENV
 
 THREAD_VARS = (THREADS_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS", "POLARS_MAX_THREADS")
+MAX_CPU_WORKERS = 8  # default cells at once on a CPU node: more cores than this go to each cell's threads instead
 
 
 def local_gpus() -> list[str]:
@@ -35,8 +36,8 @@ def local_gpus() -> list[str]:
 
 
 def default_workers() -> int:
-    """One worker per GPU on GPU nodes; else one per core, at most 8 (memory, and DVC's lock turns)."""
-    return len(local_gpus()) or min(os.cpu_count() or 1, 8)
+    """One worker per GPU on GPU nodes; else one per core, at most MAX_CPU_WORKERS (memory, and DVC's lock turns)."""
+    return len(local_gpus()) or min(os.cpu_count() or 1, MAX_CPU_WORKERS)
 
 
 def thread_env(threads: int) -> dict[str, str]:

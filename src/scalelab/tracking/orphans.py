@@ -10,7 +10,7 @@ tracking's connect):
 - a RUNNING run owned by a process of this host that no longer exists (pid gone, or reused by a process started at
   another time) becomes KILLED, by the rule below.
 
-The rule (issue 21: a sweep once closed a concurrent stage's FINISHED runs as KILLED). A run is abandoned, and the
+The rule (without it, a sweep could close a concurrent stage's FINISHED runs as KILLED). A run is abandoned, and the
 sweep closes it, only if it is RUNNING under owner O when *re-read after O was observed dead*. Every write of O
 happens before O's death, so that re-read sees O's last word: a run O ended, or one O is still working on (O alive),
 is never closed. Only a reopen (`claim`: a resume, a repro parent taken by its next stage) writes to a run after its

@@ -1,4 +1,4 @@
-"""The team MLflow server on one machine (issue 20, item 3): Debian's PostgreSQL as the backend store and
+"""The team MLflow server on one machine: Debian's PostgreSQL as the backend store and
 `mlflow server --serve-artifacts`, both on 127.0.0.1. Clients send artifacts through the server (`mlflow-artifacts:`
 URIs), so nobody needs the artifact folder's filesystem; the runs are rows in PostgreSQL, safe under many writers.
 

@@ -153,7 +153,7 @@ class Validation(Callback):
 
 
 class GammaStats(Callback):
-    """Per-layer statistics of every effective γ (METHODS §A diagnostics) every `every` steps and at the end."""
+    """Per-layer statistics of every effective γ (the scale-vector diagnostics) every `every` steps and at the end."""
 
     def __init__(self, every: int, total: int) -> None:
         self.every, self.total = every, total

@@ -130,7 +130,7 @@ def peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.device = 
 
     On a GPU its dense datasheet peak (DENSE_PEAK, else Lightning's device table). Otherwise measured: the best of `repeats` short
     timings (each at least `seconds` and 2 matmuls), since whatever else runs on the device only ever slows one down;
-    a single timing once read 31 GFLOP/s while another process held the cores and a cell reported MFU 1.63 (issue 6).
+    a single timing once read 31 GFLOP/s while another process held the cores and a cell reported MFU 1.63.
     Throughput also raises it to any step's achieved rate, so MFU never exceeds 1."""
     device = torch.device(device)
     if device.type == "cuda":

@@ -1,4 +1,4 @@
-"""Import Lightning without the optional backends torchmetrics drags in (issue 6: a cell's cost outside its compute).
+"""Import Lightning without the optional backends torchmetrics drags in (a cell's cost outside its compute).
 
 Lightning imports torchmetrics unconditionally (it compares its version by importing it), and torchmetrics' package
 init imports every optional backend it finds installed: `transformers` (BERTScore, InfoLM), `scipy.signal` (audio

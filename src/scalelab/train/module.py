@@ -1,10 +1,10 @@
 """The LightningModule: manual optimization over the optimizer list of scalelab.optim.
 
-Manual, because a matrix optimizer comes with an AdamW side-optimizer (METHODS §A: scale vectors always get
+Manual, because a matrix optimizer comes with an AdamW side-optimizer (scale vectors always get
 AdamW-style updates) and Lightning's automatic optimization steps one optimizer per batch. The module counts its own
 optimizer steps (`self.step`): Lightning's `global_step` counts every optimizer's step, i.e. twice per batch under
 Muon + AdamW, so the step, the LR schedule, the data stream and every logged metric use `self.step` instead.
-Family hooks (scalelab.optim.hooks, METHODS §B): Sophia gets its Hessian estimate through `step(hessian=...)`;
+Family hooks (scalelab.optim.hooks): Sophia gets its Hessian estimate through `step(hessian=...)`;
 Schedule-Free optimizers are validated and checkpointed at their averaged weights and train at their iterate.
 """
 

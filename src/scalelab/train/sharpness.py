@@ -1,4 +1,4 @@
-"""Sharpness (METHODS §A diagnostics): the top Hessian eigenvalue λ_max of the training cross-entropy by power
+"""Sharpness (the scale-vector diagnostics): the top Hessian eigenvalue λ_max of the training cross-entropy by power
 iteration on Hessian-vector products, and the callback that measures it during training in the folded plain-weight
 parameterization, so that every variant is measured in the same coordinates."""
 
@@ -59,7 +59,7 @@ def power_iteration(hvp: Callable[[list[torch.Tensor]], list[torch.Tensor]], lik
 
 def hessian_eigen(loss_fn: Callable[[], torch.Tensor], params: list[torch.Tensor], max_iters: int,
                   tol: float = 0.0, seed: int = 0) -> Eigen:
-    """λ_max of the Hessian of `loss_fn()` w.r.t. `params` (METHODS §A sharpness): power iteration on
+    """λ_max of the Hessian of `loss_fn()` w.r.t. `params` (the sharpness): power iteration on
     Hessian-vector products, each a second backward through one graph of first derivatives."""
     grads = torch.autograd.grad(loss_fn(), params, create_graph=True, allow_unused=True, materialize_grads=True)
 
@@ -78,7 +78,7 @@ def top_hessian_eigenvalue(loss_fn: Callable[[], torch.Tensor], params: list[tor
 
 class Sharpness(Callback):
     """Top Hessian eigenvalue of the cross-entropy on a fixed batch of `cfg.tokens` training tokens, every
-    `cfg.every` steps (None: the last step only) and at the end (METHODS §A diagnostics).
+    `cfg.every` steps (None: the last step only) and at the end.
 
     Comparable across variants: the Hessian is taken in the folded plain-weight parameterization, i.e. w.r.t. the
     weights of `Transformer(plain_config(model))` loaded with `fold_scales(model)` (the Llama/Qwen3 export: the same
