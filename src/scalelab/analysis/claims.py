@@ -1,4 +1,4 @@
-"""The claims ledger (DESIGN "Claims ledger"): each paper claim, its measured effect, spread over seeds, verdict,
+"""The claims ledger: each paper claim, its measured effect, spread over seeds, verdict,
 the regime it ran in and the premises that make it testable.
 
 Every method's summary builds its entries with `claim()` (or `interval_claim()`) and writes them with
@@ -53,7 +53,7 @@ def premise(name: str, value, passed: bool, need: str) -> dict:
 def regime(paper: str, *, params: int | None = None, non_embedding_params: int | None = None,
            tokens: int | None = None, steps: int | None = None, paper_tokens_per_param: float | None = None,
            scope: str = "small-scale") -> dict:
-    """Where an entry ran, beside the paper's regime for the same claim (METHODS "Regimes"). `ratio` is this run's
+    """Where an entry ran, beside the paper's regime for the same claim (each method page's "Published claims and their regime"). `ratio` is this run's
     tokens per parameter over the paper's; `scope` says what the claim is about: "small-scale" (a sign at this scale,
     stated as such) or "paper" (the paper's own regime, which `budget_premise` then checks)."""
     tpp = tokens / params if tokens and params else None

@@ -34,15 +34,15 @@ from scalelab.analysis.powerlaw import Fit, fit_power_law
 from scalelab.analysis.premises_a import Cells, dose_table  # dose_table: the dose study reads its table here
 from scalelab.analysis.scaling import seed_matrix
 
-SOURCE = "arXiv 2605.26895 as quoted in METHODS §A; no number there"
+SOURCE = "arXiv 2605.26895; the paper states orderings, no effect sizes"
 PUB_NONE = f'ordering only: "removing scale vectors hurts pre-training" ({SOURCE})'
 PUB_WD = f'ordering only: "weight decay helps Input-Norm scales and hurts Output-Norm scales" ({SOURCE})'
 PUB_IMPROVE = f'ordering only: "three improvements each help" ({SOURCE})'
 PUB_UNION = (f'ordering only: "their union helps most, on dense and MoE models, across optimizers and schedules" '
              f'({SOURCE})')
 PUB_SCALING = f'ordering only: union "with better scaling" ({SOURCE})'
-PUB_SHARP = ('none: METHODS §A names the top Hessian eigenvalue "the sharpness the WD claim speaks of"; that decay '
-             'on input scales lowers it is our reading')
+PUB_SHARP = ("none: the paper ties decay on γ to sharpness (the top Hessian eigenvalue); that decay on input scales "
+             "lowers it is our reading")
 
 # (key, claim, worse variant, better variant, published, treated variant); `{out}` names the recipe's output-norm γ.
 # The treated variant's γ carry the premises: its decay moved them (wd_*), or they left init (the others).
