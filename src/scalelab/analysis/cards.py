@@ -68,12 +68,12 @@ def _effect(e: dict) -> str:
 
 
 def _regime(e: dict) -> str:
-    """This run's size and data beside the paper's, in a few words (the entry holds the whole regime)."""
+    """This run's size, and its tokens per parameter beside the paper's where the paper states one."""
     r = e["regime"]
-    here = [f"{r['params'] / 1e6:.3g}M params" if r.get("params") else None,
-            f"{r['tokens_per_param']:.2g} tokens/param" if r.get("tokens_per_param") else None]
-    paper = f"paper {r['paper_tokens_per_param']:g}" if r.get("paper_tokens_per_param") else None
-    return ", ".join(x for x in (*here, paper) if x)
+    here = [f"{r['params'] / 1e6:.3g}M params"] if r.get("params") else []
+    if r.get("tokens_per_param") and r.get("paper_tokens_per_param"):
+        here.append(f"{r['tokens_per_param']:.2g} tokens/param (paper {r['paper_tokens_per_param']:g})")
+    return ", ".join(here)
 
 
 def _why(e: dict) -> str:

@@ -100,15 +100,12 @@ def _paper(e: dict) -> str:
 
 
 def _regime(e: dict) -> str:
-    """The regime in a table cell: this run's size and tokens per parameter beside the paper's."""
+    """The regime in a table cell: this run's size, and its tokens per parameter beside the paper's where the paper
+    states one (a ratio with nothing to compare, e.g. calibration tokens, says little)."""
     r = e["regime"]
-    here = []
-    if r.get("params"):
-        here.append(f"{r['params'] / 1e6:.3g}M params")
-    if r.get("tokens_per_param"):
-        here.append(f"{r['tokens_per_param']:.2g} tokens/param")
-    if r.get("paper_tokens_per_param"):
-        here.append(f"paper {r['paper_tokens_per_param']:g}")
+    here = [f"{r['params'] / 1e6:.3g}M params"] if r.get("params") else []
+    if r.get("tokens_per_param") and r.get("paper_tokens_per_param"):
+        here.append(f"{r['tokens_per_param']:.2g} tokens/param, paper {r['paper_tokens_per_param']:g}")
     return ", ".join(here) + f" ({r['scope']})"
 
 
@@ -151,10 +148,13 @@ def decided_table(results: Path) -> str:
             for v in (*DECIDED, ledger_rules.UNTESTED)}
     out = []
     for v in DECIDED:
-        out += [f"**{v.capitalize()}** ({len(rows[v])})", "",
-                "| claim | effect ± spread | paper | seeds | regime | study |", "|---|---|---|---|---|---|"]
-        out += [f"| {e['claim']} | {_fmt_effect(e)} | {_paper(e)} | {e['n_seeds']} | {_regime(e)} | {s['name']} |"
-                for s, e in rows[v]]
+        out += [f"**{v.capitalize()}** ({len(rows[v])})", ""]
+        if rows[v]:
+            out += ["| claim | effect ± spread | paper | seeds | regime | study |", "|---|---|---|---|---|---|"]
+            out += [f"| {e['claim']} | {_fmt_effect(e)} | {_paper(e)} | {e['n_seeds']} | {_regime(e)} | {s['name']} |"
+                    for s, e in rows[v]]
+        else:
+            out.append("none")
         out.append("")
     # untested rows grouped by study and failed premise (a claim counts under each premise it fails): how many claims
     # it leaves untested and its measured values, each cut at its first parenthesis; every claim's own row, with the
