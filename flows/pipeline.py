@@ -1,5 +1,4 @@
-"""The Prefect flow that runs the DVC pipeline, one task per stage cell, independent cells concurrently (DESIGN
-"Contracts: Prefect", issue 6).
+"""The Prefect flow that runs the DVC pipeline, one task per stage cell, independent cells concurrently.
 
     python flows/pipeline.py                                   # every stage; cells at once on this machine
     python flows/pipeline.py --workers 1                       # one stage at a time
@@ -62,6 +61,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from scalelab.pipeline import profile, warm
 from scalelab.runtime import placement
+from scalelab.study import gate
 from scalelab import tracking
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # flows/ (imported by path in tests)
@@ -99,6 +99,9 @@ def run_stage(stage: str, root: str, env: dict[str, str], changed: bool, upstrea
         logger.info(f"{stage}: up to date")
         return "up to date"
     with placement.share() as share:
+        if refused := gate.admit(stage, share):  # a study's time budget (scalelab.study.gate); no study: None
+            logger.info(f"{stage}: not started: {refused}")
+            return Cancelled(message=refused)
         gpus = f", GPU {share['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in share else ""
         logger.info(f"{stage}: dvc repro, {share[scalelab.THREADS_ENV]} thread(s){gpus}")
         return repro(stage, Path(root), share | env, logger)
@@ -251,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--workers must be at least 1")
     # SIGTERM ends this process as Ctrl-C does, through Python's exit path: Prefect's flow engine re-raises a SIGTERM
     # to the handler it found after stopping the flow, and under the default one the process died by the signal,
-    # skipping the atexit hook that stops the temporary Prefect server (found alive 50 minutes later, issue 21). The
+    # skipping the atexit hook that stops the temporary Prefect server (found alive 50 minutes later). The
     # warm server and the stages stop on the way out (pipeline's `with` and stop_stages).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     runner = runners.task_runner(args.runner, args.workers, args.address)

@@ -1,4 +1,4 @@
-"""The `scalelab` console script (issue 20, item 6): its commands, their help, a bad params file as one line and exit
+"""The `scalelab` console script: its commands, their help, a bad params file as one line and exit
 2, the params check before the flow starts, and push/pull delegated to the remote module when there is one."""
 
 import subprocess
@@ -14,7 +14,7 @@ from mutants import mutant, mutation_checks
 
 from scalelab.pipeline import cli
 
-COMMANDS = ["repro", "check", "ui", "report", "profile", "push", "pull"]
+COMMANDS = ["repro", "check", "ui", "report", "profile", "push", "pull", "study"]
 
 
 def test_the_console_script_is_the_cli_and_its_help_lists_every_command():

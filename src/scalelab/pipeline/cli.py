@@ -5,12 +5,13 @@
     scalelab ui                                        MLflow and Prefect dashboards on 127.0.0.1
     scalelab report                                    build the report (and what it needs), say where it is
     scalelab profile configs/cpu-study.yaml            switch the params profile
+    scalelab study cpu-study [--plan]                  a study's grid, resumable, kept in results/<name>/cells
     scalelab push | pull                               results to and from the DVC remote
 
 Run `scalelab COMMAND --help` for a command's options. As litgpt's CLI: one console script, one subcommand per
 task, each subcommand's help is its docstring. Every command runs in the project folder it finds from the current
 one (where dvc.yaml is) and with this interpreter's environment first on PATH, so the stages DVC starts run the
-interpreter that runs this command (issue 20).
+interpreter that runs this command.
 """
 
 from __future__ import annotations
@@ -131,6 +132,16 @@ def profile(argv: list[str]) -> int:
     return mod.main(argv)
 
 
+def study(argv: list[str]) -> int:
+    """Run a study's grid as pipeline cells, resumably. The cells of configs/studies/NAME.yaml that no committed
+    result covers run through the flow in the study's own workspace, each kept in results/NAME/cells/ as it finishes;
+    then its ledger and README are regenerated (`--plan`: what is left and its cost; scalelab.study.run)."""
+    _root()
+    from scalelab.study import run as mod
+
+    return mod.main(argv)
+
+
 def _remote(command: str, argv: list[str]) -> int:
     for name in REMOTE_MODULES:  # an install without the remote module (a trimmed package) says so in one line
         try:
@@ -160,7 +171,8 @@ def pull(argv: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "repro": repro, "check": check, "ui": ui, "report": report, "profile": profile, "push": push, "pull": pull,
+    "repro": repro, "check": check, "ui": ui, "report": report, "profile": profile, "study": study, "push": push,
+    "pull": pull,
 }
 
 
