@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from scalelab.config import Params
-from scalelab.analysis import claims, premises_a, scaling
+from scalelab.analysis import claims, premises_a, scaling, studies
 from scalelab.analysis.claims import NO_VARIANCE, claim, interval_claim, no_seed_variance, t_interval
 from scalelab.analysis.powerlaw import Fit, fit_power_law
 from scalelab.analysis.premises_a import Cells, dose_table  # dose_table: the dose study reads its table here
@@ -281,11 +281,12 @@ def dose_claims(rows: list[dict], params: Params, level: float = 0.95) -> list[d
 
 # ---------------------------------------------------------------- the committed studies' ledgers, re-derived
 def cpu_study(folder: Path) -> list[dict]:
-    """The ledger of a committed grid study (results/cpu-study): its cells' metrics (metrics/pretrain/<cell>.json)
-    under its own params.yaml, by today's code."""
+    """The ledger of a committed grid study (results/cpu-study): its committed cells' metrics (metrics/pretrain/<cell>
+    .json in results/<study>/cells/) under its own params.yaml, by today's code."""
     folder = Path(folder)
     params = premises_a.study_params(folder)
-    cells = scaling.collect(folder / "metrics" / "pretrain", scaling.grid_cells(params.pretrain.grid))
+    metrics = studies.cell_files(folder, "metrics/pretrain", ".json")
+    cells = scaling.collect(metrics, scaling.grid_cells(params.pretrain.grid))
     return ledger(cells, scaling.fit_all(cells, params.scaling), params)
 
 

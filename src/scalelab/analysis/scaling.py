@@ -20,14 +20,20 @@ VALUES = ("val_loss", "params", "non_embedding_params", "flops", "sharpness", "s
           "gamma_mean", "gamma_std")
 
 
-def collect(metrics_dir: Path, cells: list[str] | None = None) -> pl.DataFrame:
-    """One row per cell from metrics/pretrain/<cell>.json (each written by the pretrain stage).
+def collect(metrics_dir: Path | dict[str, Path], cells: list[str] | None = None) -> pl.DataFrame:
+    """One row per cell from metrics/pretrain/<cell>.json (each written by the pretrain stage): a folder of them, or
+    a study's committed cells' files by name (scalelab.analysis.studies.cell_files).
 
     `cells` names the cells of the current grid: files left behind by cells since removed from params are ignored,
     and a missing one is an error. None reads every file. `sharpness` is null where it was not measured, `gamma_mean`
     and `gamma_std` (over every γ vector of the model: the decay premises) where the model has no γ."""
-    metrics_dir = Path(metrics_dir)
-    paths = sorted(metrics_dir.glob("*.json")) if cells is None else [metrics_dir / f"{c}.json" for c in cells]
+    if isinstance(metrics_dir, dict):
+        files = metrics_dir
+    else:
+        metrics_dir = Path(metrics_dir)
+        files = {p.name: p for p in sorted(metrics_dir.glob("*.json"))}
+    paths = (list(files.values()) if cells is None
+             else [files.get(f"{c}.json", Path(str(metrics_dir)) / f"{c}.json") for c in cells])
     rows = []
     for path in paths:
         if not path.is_file():

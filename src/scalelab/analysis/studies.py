@@ -54,6 +54,20 @@ def read_study(folder: Path) -> dict:
             | {"method": m.group(1), "entries": entries})
 
 
+def cell_files(folder: Path, prefix: str, suffix: str = "") -> dict[str, Path]:
+    """Every committed cell's file under `prefix` (e.g. "metrics/pretrain"), by file name: what a generator reads.
+    A study's cells are results/<study>/cells/<cell>/, each with cell.json listing its files (scalelab.study.cells);
+    the temporary folders of a write (dot-named) are not cells."""
+    out = {}
+    base = Path(folder) / "cells"
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        if d.is_dir() and not d.name.startswith(".") and (d / "cell.json").is_file():
+            for rel in json.loads((d / "cell.json").read_text()).get("files") or {}:
+                if rel.startswith(prefix.rstrip("/") + "/") and rel.endswith(suffix):
+                    out[Path(rel).name] = d / rel
+    return dict(sorted(out.items()))
+
+
 def committed_studies(results: Path) -> list[dict]:
     """Every folder of results/, in name order."""
     return [read_study(f) for f in sorted(Path(results).iterdir()) if f.is_dir()] if Path(results).is_dir() else []
