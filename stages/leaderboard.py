@@ -37,9 +37,10 @@ def main(params: Params) -> None:
             lb.plot(cells, curves, bench, tmp / "curves.png", tmp / "lr_sensitivity.png")
         lb.lr_sensitivity(cells).write_csv("plots/optimizers/lr_sensitivity.csv.tmp")
         os.replace("plots/optimizers/lr_sensitivity.csv.tmp", "plots/optimizers/lr_sensitivity.csv")
-        numbers = ("best_lr", "val_loss", "val_loss_sd", "speedup", "speedup_low", "speedup_high", "fit_dof",
-                   "embedding_lr_ratio", "step_time_ratio", "state_bytes_per_param", "step_peak_mb",
-                   "step_peak_bytes_per_param")
+        numbers = ("params", "non_embedding_params", "tokens_per_param", "best_lr", "val_loss", "val_loss_sd",
+                   "speedup", "speedup_low", "speedup_high", "fit_dof", "embedding_lr_ratio",
+                   *(f"{k}_vs_{ref}" for ref in bench.references for k in ("speedup", "embedding_lr_ratio")),
+                   "step_time_ratio", "state_bytes_per_param", "step_peak_mb", "step_peak_bytes_per_param")
         board = {f"{r['optimizer']}-{r['size']}": {k: r[k] for k in numbers} for r in table.iter_rows(named=True)}
         run.log_metrics({f"{cell}.{k}": v for cell, row in board.items() for k, v in row.items() if v is not None})
         for name in ("leaderboard.md", "leaderboard.csv", "claims_b.md", "curves.png", "lr_sensitivity.png"):

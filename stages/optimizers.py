@@ -1,4 +1,5 @@
-"""DVC stages `optimizers` and `optimizers_seeds`: one optimizer at one model size (METHODS §B benchmark).
+"""DVC stages `optimizers` and `optimizers_seeds` (and for the pinned arms `optimizers_pinned`,
+`optimizers_pinned_seeds`): one optimizer at one model size (docs/optimizers.md).
 
     python stages/optimizers.py --optimizer muon --size xs            # the protocol's sweep (optimizers.sweep_seeds)
     python stages/optimizers.py --optimizer muon --size xs --seeds    # its choice rerun with optimizers.rerun_seeds
@@ -6,7 +7,9 @@
 The protocol (LR grid and its extension, second hyperparameters, budgets) is scalelab.config.optbench's docstring.
 A cell is an optimizer's whole sweep at one size, not a single run: a process costs ~2-9 s before it trains
 (imports, DVC, MLflow) against ~2-6 s per run at the default profile, and one process per sweep also times the
-optimizer's steps interleaved with the baseline's (scalelab.train.optbench.step_time_ratio).
+optimizer's steps interleaved with the baseline's (scalelab.train.optbench_timing.step_time_ratio). A pinned arm's
+sweep reads the baseline's sweep metrics at its size (its side-group LR is the baseline's tuned LR), so it runs after
+the baseline's sweep cell.
 Outs (<stage> = sweep or seeds): data/optimizers/<stage>/<optimizer>-<size>/ (persistent: one folder per run with
 its checkpoint and result.json, reused or resumed by a rerun), metrics/optimizers/<stage>/<optimizer>-<size>.json,
 plots/optimizers/<stage>/<optimizer>-<size>.csv (validation curves).
@@ -30,11 +33,12 @@ def main(params: Params, args: argparse.Namespace) -> None:
         raise ParamsError("params has no `optimizers` section (the optimizer benchmark, config/optbench.py)")
     params.optimizers.check_cell(args.optimizer, args.size)  # names first, before the trainer's imports
     from scalelab import tracking
-    from scalelab.data import write_json_atomic
+    from scalelab.data import DataError, write_json_atomic
     from scalelab.train import optbench
 
     kind, name = ("seeds" if args.seeds else "sweep"), f"{args.optimizer}-{args.size}"
-    stage = f"optimizers{'_seeds' if args.seeds else ''}@{name}"
+    pinned = "_pinned" if args.optimizer in params.optimizers.pinned else ""
+    stage = f"optimizers{pinned}{'_seeds' if args.seeds else ''}@{name}"  # the DVC stage's name
     out, shards = Path("data/optimizers") / kind / name, Path("data/tokens")
     # One MLflow child run per cell under the pipeline's parent; each training run of the cell nests under it
     logged = {"optimizer": args.optimizer, "size": args.size, "kind": kind,
@@ -45,9 +49,16 @@ def main(params: Params, args: argparse.Namespace) -> None:
             sweep = json.loads((Path("metrics/optimizers/sweep") / f"{name}.json").read_text())  # its choice
             cell = optbench.seeds_cell(params, args.optimizer, args.size, sweep, out, shards, stage)
         else:
-            cell = optbench.sweep_cell(params, args.optimizer, args.size, out, shards, stage)
+            baseline = None
+            if args.optimizer in params.optimizers.pinned:  # its side-group LR: the baseline's tuned one
+                path = Path("metrics/optimizers/sweep") / f"{params.optimizers.baseline}-{args.size}.json"
+                if not path.is_file():
+                    raise DataError(f"{path} absent: the pinned arm {args.optimizer} runs after the baseline's sweep "
+                                    f"(stage optimizers@{params.optimizers.baseline}-{args.size})")
+                baseline = json.loads(path.read_text())
+            cell = optbench.sweep_cell(params, args.optimizer, args.size, out, shards, stage, baseline=baseline)
         run.log_metrics({k: v for k, v in optbench.cell_metrics(cell).items() if isinstance(v, int | float)})
-        # outs and metrics inside the run: FINISHED only once they are written (issue 21)
+        # outs and metrics inside the run: FINISHED only once they are written
         plot = Path("plots/optimizers") / kind / f"{name}.csv"
         plot.parent.mkdir(parents=True, exist_ok=True)
         rows = [optbench.CURVE_COLUMNS, *optbench.curve_rows(cell["runs"])]

@@ -19,7 +19,7 @@ from test_train import FailAt, make_shards
 from scalelab.config import OptimizerConfig, ParamsError, load_params
 from scalelab.analysis import claims, claims_b, leaderboard, optbench_study, speedup
 from scalelab.analysis.optbench_data import Bench
-from scalelab.train import optbench
+from scalelab.train import optbench, optbench_timing
 from scalelab.model import Transformer
 from scalelab.optim import OPTIMIZERS, build_optimizers, families, hooks, protocol
 from scalelab.train import Cell, fit
@@ -207,16 +207,26 @@ def test_a_diverging_lr_is_flagged_and_the_sweep_goes_on(params, shards, tmp_pat
     assert [r["config_hash"] for r in again["runs"]] == [r["config_hash"] for r in cell["runs"]]
     top = protocol.run_name({"lr": max(by_lr)}, 0)
     assert json.loads((tmp_path / top / "result.json").read_text())["diverged"]
-    # the rerun cell: the choice on the held-out seeds; as the baseline, also every data budget and its default
+    # the rerun cell: the choice on the held-out seeds; as the baseline, its LR retuned at every other data budget on
+    # the sweep seeds (3 points around the budget-1 choice), its reruns there at the LR chosen there, and its default
     sub = _bench_params(sub, baseline="sgd")
     seeds = optbench.seeds_cell(sub, "sgd", "a", optbench.cell_metrics(cell), tmp_path / "seeds", shards, "s")
-    jobs = sorted((r["lr"], r["seed"], r["budget"]) for r in seeds["runs"])
-    best = cell["best_lr"]
-    want = [(best, s, b) for s in (2, 3) for b in sub.optimizers.budgets]
+    best, tunes = cell["best_lr"], seeds["budget_tunes"]
+    assert sorted(tunes) == ["0.25", "0.5", "2"]
+    assert all(t["lr_grid"] == pytest.approx([best / 100, best, best * 100]) for t in tunes.values())
+    lr_at = {1.0: best, **{float(b): t["best_lr"] for b, t in tunes.items()}}
+    trials = sorted((r["lr"], r["seed"], r["budget"]) for r in seeds["runs"] if r["seed"] in (0, 1))
+    assert trials == sorted((lr, s, float(b)) for b, t in tunes.items() for lr in t["lr_grid"] for s in (0, 1))
+    jobs = sorted((r["lr"], r["seed"], r["budget"]) for r in seeds["runs"] if r["seed"] in (2, 3))
+    want = [(lr_at[b], s, b) for s in (2, 3) for b in sub.optimizers.budgets]
     want += [(0.1, s, 1.0) for s in (2, 3)] if best != 0.1 else []
     assert jobs == sorted(want)
-    steps = {r["budget"]: r["steps"] for r in seeds["runs"] if r["lr"] == best}
+    steps = {r["budget"]: r["steps"] for r in seeds["runs"] if r["lr"] == lr_at[r["budget"]] and r["seed"] == 2}
     assert steps == {0.25: 3, 0.5: 6, 1.0: 12, 2.0: 24}  # each budget its own full run (pretrain.max_steps 12)
+    for r in seeds["runs"]:  # the regime of every run: parameters with and without the embeddings, tokens per param
+        if not r["diverged"]:
+            assert 0 < r["non_embedding_params"] < r["params"]
+            assert r["tokens_per_param"] == pytest.approx(r["tokens"] / r["params"])
 
 
 def test_muon_newton_schulz_in_float32_is_torchs_iteration():
@@ -248,13 +258,12 @@ def test_step_time_pairs_alternate_which_optimizer_steps_first(params, shards, m
     """The timing's pairs take turns going first: always second, AdamW timed against itself read 1.08-1.09."""
     firsts, calls = [], []
 
-    def step(model, opts, x, y, seed):
-        calls.append(opts[0].__class__.__name__)
+    def step(self, batch, batch_idx):
+        calls.append(self.optimizers()[0].optimizer.__class__.__name__)
         if len(calls) % 2:
             firsts.append(calls[-1])
-        return 0.0
 
-    monkeypatch.setattr(optbench, "train_step", step)
+    monkeypatch.setattr(optbench_timing.LitLM, "training_step", step)
     sub = _bench_params(params, optimizers=["adamw", "sgd"], timing_steps=4)
     ratio = optbench.step_time_ratio(sub, "sgd", "a", shards)
     assert firsts == ["AdamW", "SGD"] * 3 and len(calls) == 12

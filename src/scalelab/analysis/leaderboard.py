@@ -1,12 +1,14 @@
 """The optimizer leaderboard: per optimizer and size, from the sweep and rerun cells (scalelab.train.optbench).
 
-Per row: the configuration the protocol chose (mean over the sweep seeds) and every tuned hyperparameter it left at
+Per row: the model's parameters (all, and without the token embedding and LM head) and the run's tokens per
+parameter; the configuration the protocol chose (mean over the sweep seeds) and every tuned hyperparameter it left at
 an edge of the values tried (scalelab.optim.protocol.at_edge); the final loss over the held-out seeds; the speed-up
 in data (scalelab.analysis.speedup: end-of-run losses against the fitted baseline, a bound outside its measured
-range); the LR its embeddings and LM head trained at over the baseline's tuned LR where they go to an AdamW side
-group (the matrix families); step-time ratio; optimizer-state bytes per parameter and the optimizer step's own peak
-memory (hooks.step_peak_bytes); diverged runs of the sweep; what the papers claim about it
-(scalelab.analysis.optbench_claims). The claims themselves are scalelab.analysis.claims_b's.
+range), and against each further reference arm (`optimizers.references`: the embedding-LR control) where there is
+one; the LR its embeddings and LM head trained at over the baseline's tuned LR where they go to an AdamW side group
+(the matrix families) or train at a multiple of an AdamW arm's LR; step-time ratio; optimizer-state bytes per
+parameter and the optimizer step's own peak memory (hooks.step_peak_bytes); diverged runs of the sweep; what the
+papers claim about it (scalelab.analysis.optbench_claims). The claims themselves are scalelab.analysis.claims_b's.
 """
 
 from __future__ import annotations
@@ -17,11 +19,21 @@ from pathlib import Path
 
 import polars as pl
 
-from scalelab.analysis.optbench_claims import published
-from scalelab.analysis.optbench_data import Bench, finals, ok
+from scalelab.analysis.optbench_claims import CONTROL, published
+from scalelab.analysis.optbench_data import Bench, finals, ok, run_size
 from scalelab.analysis.speedup import fit_dof, per_seed, speedup_text, summarise
 from scalelab.optim import spec
 from scalelab.optim.protocol import at_edge, run_name
+
+
+def _embedding_ratio(bench: Bench, cells: dict, opt: str, size: str, ref: str) -> float | None:
+    """The LR `opt`'s embeddings trained at over the LR `ref`'s did, where the two are comparable: a matrix family's
+    AdamW side group, or another AdamW arm (the embedding-LR control); None otherwise."""
+    best, base = cells[opt, size]["best_hp"], cells[ref, size]["best_hp"]
+    comparable = bench.embeddings_on_side(opt) or (opt != ref and bench.name(opt) == bench.name(ref))
+    if not (comparable and best and base):
+        return None
+    return bench.embedding_lr(opt, best, cells[opt, size]) / bench.embedding_lr(ref, base, cells[ref, size])
 
 
 def table(bench: Bench, cells: dict, runs: list[dict]) -> pl.DataFrame:
@@ -31,39 +43,57 @@ def table(bench: Bench, cells: dict, runs: list[dict]) -> pl.DataFrame:
         losses = [r["val_loss"] for r in finals(runs, opt, size, best).values() if r["seed"] in bench.rerun_seeds
                   and ok(r)]
         s = summarise(per_seed(bench, cells, runs, opt, size))
-        base = cells[bench.baseline, size]["best_hp"]
-        side = (bench.side_lr(opt, best) / base["lr"] if bench.embeddings_on_side(opt) and best and base else None)
+        vs = {}
+        for ref in bench.references:
+            t = summarise(per_seed(bench, cells, runs, opt, size, ref=ref)) if opt != ref else None
+            vs |= {f"speedup_vs_{ref}": t and t["speedup"], f"speedup_kind_vs_{ref}": t and t["kind"],
+                   f"speedup_text_vs_{ref}": speedup_text(t) if t else "–",
+                   f"embedding_lr_ratio_vs_{ref}": _embedding_ratio(bench, cells, opt, size, ref)}
+        n = run_size(bench, runs, opt, size)
         rows.append({
             "optimizer": opt, "size": size, "family": spec(bench.name(opt)).family, "library": c.get("library"),
             "params": next((r["params"] for r in c["runs"].values() if r.get("params")), None),
+            "non_embedding_params": n["non_embedding_params"], "tokens": n["tokens"],
+            "tokens_per_param": n["tokens_per_param"],
             "best_lr": c["best_lr"], "best_hp": json.dumps(best), "at_edge": ", ".join(at_edge(c)),
             "extra_points": c.get("extra_points"), "diverged": f"{c['diverged']}/{c['n_runs']}",
             "n_seeds": len(losses), "val_loss": statistics.fmean(losses) if losses else None,
             "val_loss_sd": statistics.stdev(losses) if len(losses) > 1 else None,
             "speedup": s["speedup"], "speedup_kind": s["kind"], "speedup_low": s["low"], "speedup_high": s["high"],
             "speedup_text": speedup_text(s), "fit_dof": fit_dof(bench, cells, runs, size),
-            "embedding_lr_ratio": side, "step_time_ratio": c.get("step_time_ratio"),
+            "embedding_lr_ratio": _embedding_ratio(bench, cells, opt, size, bench.baseline), **vs,
+            "step_time_ratio": c.get("step_time_ratio"),
             "state_bytes_per_param": c.get("state_bytes_per_param"), "step_peak_mb": c.get("step_peak_mb"),
             "step_peak_bytes_per_param": c.get("step_peak_bytes_per_param"),
             "published": "baseline (the fitted reference curve)" if opt == bench.baseline
+            else f"reference: {CONTROL}" if opt in bench.references
             else published(bench.name(opt), spec(bench.name(opt)).family),
         })
     return pl.DataFrame(rows, infer_schema_length=None).sort(["size", "val_loss"], nulls_last=True)
 
 
 def markdown(df: pl.DataFrame) -> str:
+    """The table as markdown; a column pair per further reference arm (speed-up against its curve, the embeddings'
+    LR over its) where the benchmark has one."""
     def f(x, fmt):
         return "–" if x is None else format(x, fmt)
 
-    lines = ["| size | optimizer | family | chosen (sweep-seed mean) | final val loss (held out) | speed-up in data "
-             "(end-of-run, fitted baseline) | embeddings' LR / baseline's | step time | state B/param | "
-             "step peak B/param | diverged | published |", "|" + "---|" * 12]
+    refs = [c.removeprefix("speedup_text_vs_") for c in df.columns if c.startswith("speedup_text_vs_")]
+    extra = "".join(f" speed-up vs {ref} | embeddings' LR / {ref}'s |" for ref in refs)
+    lines = ["| size | optimizer | family | params (without embeddings) | tokens/param | chosen (sweep-seed mean) | "
+             "final val loss (held out) | speed-up in data (end-of-run, fitted baseline) | embeddings' LR / "
+             f"baseline's |{extra} step time | state B/param | step peak B/param | diverged | published |",
+             "|" + "---|" * (14 + 2 * len(refs))]
     for r in df.iter_rows(named=True):
         loss = f(r["val_loss"], ".4f") + ("" if r["val_loss_sd"] is None else f" ± {r['val_loss_sd']:.4f}")
         hp = ", ".join(f"{k} {v:.3g}" for k, v in (json.loads(r["best_hp"]) or {}).items() if v is not None)
         hp = (hp or "–") + (f" (edge: {r['at_edge']})" if r["at_edge"] else "")
-        lines.append(f"| {r['size']} | {r['optimizer']} | {r['family']} | {hp} | {loss} (n={r['n_seeds']}) | "
-                     f"{r['speedup_text']} | {f(r['embedding_lr_ratio'], '.3g')} | {f(r['step_time_ratio'], '.2f')}x"
+        size = f"{f(r['params'], ',')} ({f(r['non_embedding_params'], ',')})"
+        more = "".join(f" {r[f'speedup_text_vs_{ref}']} | {f(r[f'embedding_lr_ratio_vs_{ref}'], '.3g')} |"
+                       for ref in refs)
+        lines.append(f"| {r['size']} | {r['optimizer']} | {r['family']} | {size} | {f(r['tokens_per_param'], '.3g')}"
+                     f" | {hp} | {loss} (n={r['n_seeds']}) | {r['speedup_text']} | "
+                     f"{f(r['embedding_lr_ratio'], '.3g')} |{more} {f(r['step_time_ratio'], '.2f')}x"
                      f" | {f(r['state_bytes_per_param'], '.2f')} | {f(r['step_peak_bytes_per_param'], '.2f')} | "
                      f"{r['diverged']} | {r['published']} |")
     return "\n".join(lines)

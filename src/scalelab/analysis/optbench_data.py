@@ -1,5 +1,6 @@
 """What the optimizer benchmark's analysis reads: its settings (`Bench`), the sweep and rerun cells' metrics, and
-per-run lookups (the final loss of one optimizer at one configuration, size, seed, data budget and batch).
+per-run lookups (the final loss of one optimizer at one configuration, size, seed, data budget and batch; the
+configuration a reference chose at each data budget).
 
 `Bench` holds only what the leaderboard and the ledger use of a params file, so that a study written by an earlier
 protocol (one sweep seed, an even grid: scalelab.analysis.optbench_study) is read by the same code as today's.
@@ -14,17 +15,19 @@ from pathlib import Path
 
 import polars as pl
 
-from scalelab.config import OptimizerConfig, Params
+from scalelab.analysis.studies import cell_files
+from scalelab.config import OptimizerConfig, Params, load_params
 from scalelab.optim import spec
-from scalelab.optim.protocol import side_lr
+from scalelab.optim.protocol import embedding_lr, lr_key, side_lr
 
 
 @dataclass(frozen=True)
 class Bench:
-    """The benchmark's settings: the grid (optimizer keys × sizes), the baseline, the seeds that choose and those held
-    out, the baseline's data budgets, the large-batch reruns, the LR grid's ratio, each optimizer key's entry of
-    `optim` (its centre), and the token embedding plus LM head parameters of each size (vocab × d_model, twice when
-    untied)."""
+    """The benchmark's settings: the grid (every arm's optimizer key, pinned arms included, × sizes), the baseline,
+    the seeds that choose and those held out, the references' data budgets, the large-batch reruns, the LR grid's
+    ratio, each optimizer key's entry of `optim` (its centre), the token embedding plus LM head parameters of each
+    size (vocab × d_model, twice when untied), and the reference arms beyond the baseline (the embedding-LR
+    control)."""
 
     optimizers: tuple[str, ...]
     sizes: tuple[str, ...]
@@ -37,6 +40,7 @@ class Bench:
     lr_ratio: float
     optim: dict[str, OptimizerConfig]
     embedding_params: dict[str, int]
+    references: tuple[str, ...] = ()
 
     @classmethod
     def from_params(cls, params: Params) -> "Bench":
@@ -44,10 +48,16 @@ class Bench:
             raise ValueError("params has no `optimizers` section (the optimizer benchmark)")
         ob = params.optimizers
         tied = 1 if params.model.tie_embeddings else 2
-        return cls(tuple(ob.optimizers), tuple(ob.sizes), ob.baseline, tuple(ob.sweep_seeds), tuple(ob.rerun_seeds),
+        return cls(tuple(ob.arms), tuple(ob.sizes), ob.baseline, tuple(ob.sweep_seeds), tuple(ob.rerun_seeds),
                    tuple(ob.budgets), tuple(ob.batch_optimizers), ob.batch_factor, ob.lr_ratio,
-                   {k: params.optim[k] for k in ob.optimizers},
-                   {s: tied * params.tokenizer.vocab_size * params.model.sizes[s].d_model for s in ob.sizes})
+                   {k: params.optim[k] for k in ob.arms},
+                   {s: tied * params.tokenizer.vocab_size * params.model.sizes[s].d_model for s in ob.sizes},
+                   tuple(ob.references))
+
+    @property
+    def reference_arms(self) -> tuple[str, ...]:
+        """The arms every speed-up and comparison can be against: the baseline, then each reference."""
+        return (self.baseline, *self.references)
 
     def name(self, opt: str) -> str:
         """The registry name of optimizer key `opt` (the claims are about families, whatever the key)."""
@@ -57,20 +67,56 @@ class Bench:
         """Whether `opt` sends the embeddings and LM head to its AdamW side group (the matrix families)."""
         return opt != self.baseline and spec(self.name(opt)).matrices_only
 
-    def side_lr(self, opt: str, hp: dict) -> float:
-        return side_lr(self.optim[opt], hp["lr"])
+    def side_lr(self, opt: str, hp: dict, cell: dict | None = None) -> float:
+        """The side group's LR of `opt`'s run at `hp` (a pinned arm's: its cell's `pinned_lr`)."""
+        return side_lr(self.optim[opt], hp["lr"], (cell or {}).get("pinned_lr"))
+
+    def embedding_lr(self, opt: str, hp: dict, cell: dict | None = None) -> float:
+        """The LR `opt`'s embeddings and LM head train at in its run at `hp` (scalelab.optim.protocol.embedding_lr)."""
+        return embedding_lr(self.optim[opt], hp, (cell or {}).get("pinned_lr"))
 
 
-def load_cells(metrics_dir: Path, bench: Bench) -> tuple[dict, list[dict]]:
-    """({(optimizer, size): sweep summary}, every run of the grid's sweep and seed cells)."""
+def load_cells(metrics_dir: Path | dict[tuple[str, str], Path], bench: Bench) -> tuple[dict, list[dict]]:
+    """({(optimizer, size): sweep summary, with a reference's LR choices at the other budgets from its rerun cell
+    (`budget_tunes`)}, every run of the grid's sweep and seed cells). `metrics_dir`: the stages' metrics folder
+    (<dir>/sweep/<optimizer>-<size>.json, <dir>/seeds/…), or {(kind, "<optimizer>-<size>"): file} (`study_files`)."""
+    def path(kind: str, name: str) -> Path:
+        if isinstance(metrics_dir, dict):
+            if (kind, name) not in metrics_dir:
+                raise FileNotFoundError(f"no committed cell holds metrics/optimizers/{kind}/{name}.json")
+            return metrics_dir[kind, name]
+        return Path(metrics_dir) / kind / f"{name}.json"
+
     cells, runs = {}, []
     for opt in bench.optimizers:
         for size in bench.sizes:
-            sweep = json.loads((metrics_dir / "sweep" / f"{opt}-{size}.json").read_text())
-            seeds = json.loads((metrics_dir / "seeds" / f"{opt}-{size}.json").read_text())
-            cells[opt, size] = sweep
+            sweep = json.loads(path("sweep", f"{opt}-{size}").read_text())
+            seeds = json.loads(path("seeds", f"{opt}-{size}").read_text())
+            cells[opt, size] = {**sweep, **({"budget_tunes": seeds["budget_tunes"]} if seeds.get("budget_tunes")
+                                            else {})}
             runs += [*sweep["runs"].values(), *seeds["runs"].values()]
     return cells, runs
+
+
+def study_files(folder: Path) -> dict[tuple[str, str], Path]:
+    """{(kind, "<optimizer>-<size>"): file} of a study's committed stage cells (kind: sweep or seeds), as
+    `scalelab study` keeps them (scalelab.analysis.studies.cell_files)."""
+    return {(kind, name.removesuffix(".json")): path for kind in ("sweep", "seeds")
+            for name, path in cell_files(folder, f"metrics/optimizers/{kind}", ".json").items()}
+
+
+def read_study(folder: Path) -> tuple[Bench, dict, list[dict]]:
+    """A committed study run by `scalelab study` (its params.yaml and its cells): (settings, cells, runs)."""
+    bench = Bench.from_params(load_params(Path(folder) / "params.yaml"))
+    return (bench, *load_cells(study_files(folder), bench))
+
+
+def chosen(cell: dict, budget: float = 1.0) -> dict | None:
+    """The hyperparameters an arm's cell chose for data budget `budget`: its sweep's at the benchmark's own budget; a
+    reference's retuned LR at another (`budget_tunes`); the budget-1 choice where a cell retuned none (a study of
+    the protocol before references were retuned per budget)."""
+    tune = (cell.get("budget_tunes") or {}).get(lr_key(budget)) if budget != 1.0 else None
+    return tune["best_hp"] if tune is not None else cell["best_hp"]
 
 
 def load_curves(plots_dir: Path, bench: Bench) -> dict[tuple, list[tuple[float, float]]]:
@@ -114,3 +160,15 @@ def size_regime(bench: Bench, runs: list[dict], size: str) -> dict:
     rest = r.get("non_embedding_params") or r["params"] - bench.embedding_params[size]
     return {"params": r["params"], "non_embedding_params": rest if rest > 0 else None, "tokens": r.get("tokens"),
             "steps": r.get("steps")}
+
+
+def run_size(bench: Bench, runs: list[dict], opt: str, size: str) -> dict:
+    """Parameters (all, without the embeddings and LM head), tokens and tokens per parameter of `opt`'s runs at the
+    benchmark's own budget at `size` (the first finished one; a run records them, or they follow from the size)."""
+    r = next((r for r in runs if r["optimizer"] == opt and r["size"] == size and r["budget"] == 1.0
+              and r["batch"] == 1 and r.get("params") and r.get("tokens")), None)
+    if r is None:
+        return {"params": None, "non_embedding_params": None, "tokens": None, "tokens_per_param": None}
+    rest = r.get("non_embedding_params") or r["params"] - bench.embedding_params[size]
+    return {"params": r["params"], "non_embedding_params": rest, "tokens": r["tokens"],
+            "tokens_per_param": r["tokens"] / r["params"]}

@@ -1,7 +1,8 @@
 """Speed-up in data from end-of-run losses only (Wen et al. 2025, arXiv 2509.02046).
 
-The baseline (tuned) is trained to completion at every data budget of the benchmark, each run with its own full
-schedule; on each held-out seed its final losses are fitted with the saturating power law L(D) = E + A·D^−α
+A reference (the tuned baseline, or another of `optimizers.references`) is trained to completion at every data
+budget of the benchmark, each run with its own full schedule and the LR chosen at that budget; on each held-out seed
+its final losses are fitted with the saturating power law L(D) = E + A·D^−α
 (scalelab.analysis.powerlaw: three parameters, dof = budgets − 3). An optimizer's speed-up on that seed is
 D_base(L_opt) / D_opt: the tokens the fitted baseline needs to reach the optimizer's final loss over the tokens the
 optimizer used.
@@ -19,7 +20,7 @@ import math
 import statistics
 
 from scalelab.analysis.claims import t_interval
-from scalelab.analysis.optbench_data import Bench, finals, ok
+from scalelab.analysis.optbench_data import Bench, chosen, finals, ok
 from scalelab.analysis.powerlaw import Fit, fit_power_law
 
 INSIDE, ABOVE, BELOW = "=", ">", "<"  # a value; a lower bound (loss below the range); an upper bound (above it)
@@ -58,36 +59,38 @@ class Reference:
         return float(self.fit.law(tokens) - self.fit.law(factor * tokens))
 
 
-def reference(bench: Bench, runs: list[dict], size: str, hp: dict | None, seed: int) -> Reference:
-    """The baseline's reference curve at `size` on `seed`, at its chosen hyperparameters `hp`."""
+def reference(bench: Bench, cells: dict, runs: list[dict], size: str, seed: int, ref: str | None = None) -> Reference:
+    """The reference curve of `ref` (default the baseline) at `size` on `seed`: its final loss at each data budget,
+    at the configuration it chose for that budget."""
+    ref = ref or bench.baseline
     pts = [(r["tokens"], r["val_loss"]) for b in bench.budgets
-           for r in [finals(runs, bench.baseline, size, hp, b).get(seed)] if ok(r)]
+           for r in [finals(runs, ref, size, chosen(cells[ref, size], b), b).get(seed)] if ok(r)]
     return Reference(pts)
 
 
-def per_seed(bench: Bench, cells: dict, runs: list[dict], opt: str, size: str,
-             hp: dict | None = None) -> dict[int, tuple[float | None, str]]:
-    """{held-out seed: (value, kind) or (None, why)} of `opt`'s speed-up in data at `size`, at its chosen
-    hyperparameters (or `hp`: the baseline's default recipe for the tuning claim)."""
-    base_hp = cells[bench.baseline, size]["best_hp"]
+def per_seed(bench: Bench, cells: dict, runs: list[dict], opt: str, size: str, hp: dict | None = None,
+             ref: str | None = None) -> dict[int, tuple[float | None, str]]:
+    """{held-out seed: (value, kind) or (None, why)} of `opt`'s speed-up in data at `size` against reference `ref`
+    (default the baseline), at its chosen hyperparameters (or `hp`: the baseline's default recipe for the tuning
+    claim)."""
     hp = hp if hp is not None else cells[opt, size]["best_hp"]
     mine = finals(runs, opt, size, hp)
     out: dict[int, tuple[float | None, str]] = {}
     for seed in bench.rerun_seeds:
-        ref, r = reference(bench, runs, size, base_hp, seed), mine.get(seed)
+        curve, r = reference(bench, cells, runs, size, seed, ref), mine.get(seed)
         if not ok(r):
             out[seed] = (None, f"seed {seed} diverged" if r else f"seed {seed}: no run")
-        elif ref.why_not:
-            out[seed] = (None, ref.why_not)
+        elif curve.why_not:
+            out[seed] = (None, curve.why_not)
         else:
-            out[seed] = ref.speedup(r["val_loss"], r["tokens"])
+            out[seed] = curve.speedup(r["val_loss"], r["tokens"])
     return out
 
 
-def fit_dof(bench: Bench, cells: dict, runs: list[dict], size: str) -> int | None:
-    """The residual degrees of freedom of the baseline's reference fits at `size` (None: no fit)."""
-    base_hp = cells[bench.baseline, size]["best_hp"]
-    fits = [reference(bench, runs, size, base_hp, s).fit for s in bench.rerun_seeds]
+def fit_dof(bench: Bench, cells: dict, runs: list[dict], size: str, ref: str | None = None) -> int | None:
+    """The residual degrees of freedom of the reference fits of `ref` (default the baseline) at `size` (None: no
+    fit)."""
+    fits = [reference(bench, cells, runs, size, s, ref).fit for s in bench.rerun_seeds]
     return next((f.dof for f in fits if f is not None), None)
 
 

@@ -1,18 +1,19 @@
-"""Optimizer registry and parameter grouping (METHODS §A weight-decay policy, §B families).
+"""Optimizer registry and parameter grouping (the scale vectors' weight-decay policy; the families).
 
 Parameters are grouped by the model's `param_kind`: "matrix", "embedding", "input_scale", "output_scale". Decay on
 the two scale kinds follows the variant's policy (`wd_input_scales`, `wd_output_scales`), at the matrices' rate times
-`scale_wd_mult` (the dose of METHODS §A's γ decay).
+`scale_wd_mult` (the dose of the decay on γ).
 An optimizer takes the hidden matrices and the embeddings (LM head included), or with `matrices_only` the hidden 2-D
-matrices alone; everything else, scale vectors always included, goes to an AdamW side-optimizer (METHODS §A: "scale
-vectors are always optimised by AdamW-style updates"; §B: 1-D params and embeddings to AdamW under Muon). A
+matrices alone; everything else, scale vectors always included, goes to an AdamW side-optimizer (scale
+vectors always get AdamW-style updates; 1-D params and embeddings go to AdamW under Muon, as its authors do). A
 Schedule-Free optimizer (itself AdamW-style) takes every group, scale vectors included: a side AdamW would run on the
-constant schedule Schedule-Free trains with and never be averaged (issue 19). The families themselves live in
+constant schedule Schedule-Free trains with and never be averaged. The families themselves live in
 scalelab.optim.families, which registers them here.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,7 +31,7 @@ Factory = Callable[[list[dict], OptimizerConfig, nn.Module], torch.optim.Optimiz
 class OptimizerSpec:
     factory: Factory
     matrices_only: bool = False  # True: the hidden 2-D "matrix" groups only; the rest goes to AdamW
-    family: str = ""  # METHODS §B family (the leaderboard groups by it)
+    family: str = ""  # the survey's family (the leaderboard groups by it)
     library: str = "torch.optim"
     schedule_free: bool = False  # averaged iterate: evaluation weights via optimizer.eval()/train(), no LR decay
 
@@ -45,7 +46,7 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {"adamw": OptimizerSpec(_adamw, family="a
 
 
 def register(name: str, spec: OptimizerSpec) -> None:
-    """Add an optimizer family (scalelab.optim.families registers METHODS §B's)."""
+    """Add an optimizer family (scalelab.optim.families registers the benchmark's)."""
     OPTIMIZERS[name] = spec
 
 
@@ -85,32 +86,58 @@ def spec(name: str) -> OptimizerSpec:
     return OPTIMIZERS[name]
 
 
+def has_side(name: str) -> bool:
+    """Whether family `name` leaves groups to an AdamW side optimizer (the scale vectors; under a matrix family the
+    embeddings and LM head too): every family but AdamW itself and the Schedule-Free ones, which take everything."""
+    family = spec(name)
+    return not (family.factory is _adamw or family.schedule_free)
+
+
 def build_optimizers(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig) -> list[torch.optim.Optimizer]:
     """The optimizer of `cfg` over its parameters, plus AdamW for the rest. Each group carries `base_lr`.
 
-    Scale vectors always get AdamW (METHODS §A), whatever the matrices get; a matrix optimizer (Muon, SOAP, GaLore)
-    takes only the hidden 2-D matrices, so embeddings, LM head and router go to AdamW too (METHODS §B: documented
-    grouping). The AdamW side runs at `cfg.adamw_lr` (None: `cfg.lr`) with the optimizer's betas, eps and decay."""
+    Scale vectors always get AdamW, whatever the matrices get; a matrix optimizer (Muon, SOAP, GaLore)
+    takes only the hidden 2-D matrices, so embeddings, LM head and router go to AdamW too (each family's
+    documented grouping). The AdamW side runs at `cfg.adamw_lr` (None: `cfg.lr`) with the optimizer's betas, eps and
+    decay. The embedding group (token embedding and LM head) runs at `cfg.embedding_lr_mult` × the LR of whichever
+    optimizer takes it; a family that regroups its parameters and loses that LR is refused."""
     family = spec(cfg.name)
     groups = param_groups(model, cfg, scale)
-    if family.factory is _adamw or family.schedule_free:  # one optimizer for everything
-        for g in groups.values():
-            g["base_lr"] = g["lr"] = cfg.lr
-        return [family.factory(list(groups.values()), cfg, model)]
+
+    def at(g: dict, lr: float) -> dict:
+        g["base_lr"] = g["lr"] = lr * (cfg.embedding_lr_mult if g["name"] == "embedding" else 1.0)
+        return g
+
+    if not has_side(cfg.name):  # one optimizer for everything
+        optimizers = [family.factory([at(g, cfg.lr) for g in groups.values()], cfg, model)]
+        _check_embedding_lr(optimizers, groups.get("embedding"), cfg)
+        return optimizers
     mine = ("matrix",) if family.matrices_only else ("matrix", "embedding")
     main = [groups.pop(k) for k in mine if k in groups]
     if family.matrices_only and any(p.ndim != 2 for g in main for p in g["params"]):
         raise ValueError(f"{cfg.name} takes 2-D matrices only; the model reported a non-2-D 'matrix' parameter")
     side_lr = cfg.adamw_lr or cfg.lr
-    for g in main:
-        g["base_lr"] = g["lr"] = cfg.lr
-    for g in groups.values():
-        g["base_lr"] = g["lr"] = side_lr
+    embedding = next((g for g in [*main, *groups.values()] if g["name"] == "embedding"), None)
+    main = [at(g, cfg.lr) for g in main]
     optimizers = [family.factory(main, cfg, model)] if main else []
     for g in optimizers[0].param_groups if optimizers else []:  # families that regroup (Adam-mini) keep a base_lr
         g.setdefault("base_lr", cfg.lr)
     if groups:
         side = OptimizerConfig(name="adamw", lr=side_lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps,
                                scale_wd_mult=cfg.scale_wd_mult)
-        optimizers.append(_adamw(list(groups.values()), side))
+        optimizers.append(_adamw([at(g, side_lr) for g in groups.values()], side))
+    _check_embedding_lr(optimizers, embedding, cfg)
     return optimizers
+
+
+def _check_embedding_lr(optimizers: list[torch.optim.Optimizer], embedding: dict | None, cfg: OptimizerConfig) -> None:
+    """Every embedding parameter's group in the built optimizers has the LR asked for (a family that regroups by
+    name, as Adam-mini does, puts them at its own LR: refused rather than trained at another LR than recorded)."""
+    if embedding is None or cfg.embedding_lr_mult == 1.0:
+        return
+    want = {id(p): embedding["lr"] for p in embedding["params"]}
+    for opt in optimizers:
+        for g in opt.param_groups:
+            if any(id(p) in want and not math.isclose(g["base_lr"], want[id(p)]) for p in g["params"]):
+                raise ValueError(f"{cfg.name} regroups its parameters: embedding_lr_mult {cfg.embedding_lr_mult} "
+                                 "would not reach the embeddings")
