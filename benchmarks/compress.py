@@ -1,4 +1,4 @@
-"""SigmaScale's optimisation step, fast against full (DESIGN: Benchmarks convention; METHODS §D), in this run:
+"""SigmaScale's optimisation step, fast against full (docs/compression.md), in this run:
 
 the same map, the same initial scalings and the same AdamW steps, once with the loss the optimiser uses
 (`scaled_loss`: eigendecomposition of the small Gram of D_r W D_c, residual energy) and once with the paper's form

@@ -1,4 +1,4 @@
-"""Whole-flow crash trials (issue 21 item 5): `kill -9` of every process of a running pipeline flow (the flow, its
+"""Whole-flow crash trials: `kill -9` of every process of a running pipeline flow (the flow, its
 temporary Prefect server, its warm server, DVC and the stages) at a random moment, then the same command again.
 
     python benchmarks/flow_crash.py [--params configs/x.yaml] [--target T ...] [--kills 3] [--seed 0] [--workers 2]
@@ -10,7 +10,7 @@ time: at least one lands while a training cell runs on the micro targets), rerun
 checks what must hold after the rerun (`check`): the rerun succeeded; every cell's metrics equal the reference's
 (timings aside); `dvc status` is clean; dvc.lock holds every stage once; no MLflow run is RUNNING; the rerun's parent
 run has one FINISHED child per cell it ran. It prints each trial's kill time, rerun wall time and cells equal /
-different, and ends with one JSON line per the benchmarks convention.
+different, and ends with one JSON line (`benchmark`, `metric`, `value`, `goal`).
 
 The flow's tree is every process carrying TREE_ENV in its environment (set for the flow, inherited by everything it
 starts, reparented or in another session): what `kill -9` of a process group would miss (DVC runs each stage in its
@@ -156,7 +156,7 @@ def _results(value):
 
 
 def check(ws: Path, env: dict[str, str], targets: list[str], output: str, reference: dict[str, dict]) -> list[str]:
-    """What must hold after a rerun (issue 21 item 5); the list of what does not."""
+    """What must hold after a rerun; the list of what does not."""
     import yaml
     from mlflow import MlflowClient
 

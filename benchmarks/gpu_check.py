@@ -1,4 +1,4 @@
-"""The GPU numbers the cost table assumes, measured the day a GPU is lent (issue 23; docs/scale.md). One JSON line per
+"""The GPU numbers the cost table assumes, measured the day a GPU is lent (docs/scale.md). One JSON line per
 figure, ≤ 5 minutes on one H100/H200; without CUDA one line `{"benchmark": "gpu_check", "skipped": ...}` and exit 0.
 
     python benchmarks/gpu_check.py [--quick]

@@ -1,9 +1,8 @@
-"""Wall time of a pretrain grid: the pipeline flow with 1 and with 2 workers, and plain `dvc repro`, in this run
-(issue 6; DESIGN: Benchmarks convention).
+"""Wall time of a pretrain grid: the pipeline flow with 1 and with 2 workers, and plain `dvc repro`, in this run.
 
 A temporary copy of the code builds the data stages once; then each mode runs the same `--cells` pretrain cells
 from that state (a fresh copy each): `flows/pipeline.py --workers 2` (cores / workers threads per cell), `--workers 1`
-and plain `dvc repro <cells>`, the way the grid ran before issue 6 (one cold process after another, each on every
+and plain `dvc repro <cells>`, the way DVC alone runs the grid (one cold process after another, each on every
 core with the profile's `threads: 0`). The flows share one warmed-up Prefect home; each still starts its temporary
 server, as `make repro` does. Cells: the first `--cells` of the grid in its order (variant by variant, every size),
 or with `--smallest` the smallest size's first.
@@ -11,7 +10,7 @@ or with `--smallest` the smallest size's first.
     python benchmarks/grid_workers.py [--params params.yaml] [--cells 4] [--smallest]
 
 The default profile's cells take ~9-23 s of training each on 2 quiet cores; `--params tests/micro_params.yaml` gives
-overhead-dominated cells of ~1 s. Goal (issue 6): the flow with 2 workers at least 1.8x faster than plain `dvc repro`.
+overhead-dominated cells of ~1 s. Goal: the flow with 2 workers at least 1.8x faster than plain `dvc repro`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hidden Decoding cost ratios (METHODS §C, DESIGN: Benchmarks convention), all measured in this run:
+"""Hidden Decoding cost ratios (docs/hidden-decoding.md), all measured in this run:
 
 1. Attention stack, forward + backward, n = 4, T = 512, one mixing layer in every 4: Stream-Factorized Attention
    against `full` (every layer mixing). The speed-up time(full)/time(SFA) as a fraction of the analytic ratio of

@@ -1,4 +1,4 @@
-"""What each GPU preset costs on paper (issue 23): parameters, tokens, FLOPs, memory and wall time on one H200, computed
+"""What each GPU preset costs on paper: parameters, tokens, FLOPs, memory and wall time on one H200, computed
 from the preset files by the project's own counting code (no cost typed by hand). Writes the table that docs/scale.md
 includes between its `costs` markers; tests/test_rehearsal.py fails when the committed table is stale.
 

@@ -1,4 +1,4 @@
-"""Pretraining step-time ratios (DESIGN: Benchmarks convention), all measured in this run:
+"""Pretraining step-time ratios, all measured in this run:
 
 1. Lightning (logging to MLflow, every callback on) against a bare PyTorch loop on the identical model, optimizer,
    batches and data, both as the median wall time of a whole step (batch, step, callbacks): goal ≤ 1.05.

@@ -1,5 +1,5 @@
 """Benchmark: the tokenize stage's library path (scalelab.data.tokenize_splits: encode, join with EOT, write shards
-with sha256) against raw `Tokenizer.encode_batch_fast` on the same text, in the same run (DESIGN "Benchmarks").
+with sha256) against raw `Tokenizer.encode_batch_fast` on the same text, in the same run.
 
     python benchmarks/tokenize_shards.py [--repeats 5]
 

@@ -86,8 +86,8 @@ def kill_leftovers(grace: float = LEAK_GRACE_S) -> dict[int, str]:
 
 @pytest.fixture(autouse=True, scope="session")
 def no_process_left_behind():
-    """The session fails if a process its tests started outlives them (servers, workers, stages): set up before any
-    other session fixture, so torn down after them all (a harness's server stops first)."""
+    """The test run fails if a process its tests started outlives them (servers, workers, stages): set up before any
+    other session-scoped fixture, so torn down after them all (a harness's server stops first)."""
     yield
     if left := kill_leftovers():
         lines = "\n".join(f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(left.items()))
@@ -174,7 +174,7 @@ def prefect_db(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def prefect_harness(prefect_db):
-    """One temporary Prefect server for every flow test of the session (started slowly on a busy machine), on a copy
+    """One temporary Prefect server for every flow test of the run (started slowly on a busy machine), on a copy
     of the migrated database: the harness keeps its database in a folder of its own from `mkdtemp`."""
     from prefect.testing import utilities
 

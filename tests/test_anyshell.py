@@ -1,7 +1,7 @@
-"""`dvc repro` from any shell (issue 20, item 1): DVC started from the venv runs every stage with the venv's
+"""`dvc repro` from any shell: DVC started from the venv runs every stage with the venv's
 interpreter whatever PATH the user's shell has (no python at all, or a foreign one first), and a stage interpreter
 running other code than the project's refuses at the head of the DAG with one line, before any result is touched.
-Also (item 5): changing machine settings leaves `dvc status` clean.
+Also: changing machine settings leaves `dvc status` clean.
 
 A throwaway venv stands for the project's .venv after `make setup`: this interpreter's base, this venv's packages on
 its path, the path hook `make setup` writes (scalelab.pipeline.interpreter), and a `dvc` console script."""

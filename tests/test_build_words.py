@@ -1,5 +1,6 @@
-"""No words about how the project was built where a user reads: the README, docs/, the studies' READMEs, and the
-prose of the code (docstrings, comments, strings: help texts and messages) of src/, stages/ and flows/.
+"""No words about how the project was built where a user reads: the README, docs/, the studies' READMEs, the
+profiles and the DAG's files (configs/*.yaml, tests/micro_params.yaml, dvc.yaml, pyproject.toml, .dvc/config), and the
+prose of the code (docstrings, comments, strings: help texts and messages) of src/, stages/, flows/ and benchmarks/.
 
 A reader of a page or a --help has no access to the tracker, the sessions or the people that made it, and no use for
 a module's former name: an issue number, a working session, other engineers, "(was x.py)" or a CI run's name says
@@ -24,7 +25,7 @@ BUILD_WORDS: dict[str, str] = {
     r"\bissues?\s*#?\d+": "an issue number",
     r"\bissue\s+\"": "a named issue",
     r"\b(?:the|this|that)\s+issue\b": "the tracker's task",
-    r"\bitems?\s+\d+\b": "an item of a task",
+    r"(?<!-)\bitems?\s+\d+\b": "an item of a task",  # not a flag: `--items 6`
     r"\b(?:this|that|the|a|our|my|previous|earlier|next|one|each)\s+sessions?\b|\bsession's": "a working session",
     r"\bengineers?\b": "the people who built it",
     r"\bhelpers?\s+[A-Z]\b": "the people who built it",
@@ -38,8 +39,10 @@ WHAT = list(BUILD_WORDS.values())
 
 
 def files(root: Path = ROOT) -> list[Path]:
-    found = [root / "README.md", *sorted((root / "docs").rglob("*.md")), *sorted(root.glob("results/*/README.md"))]
-    for folder in ("src", "stages", "flows"):
+    found = [root / "README.md", *sorted((root / "docs").rglob("*.md")), *sorted(root.glob("results/*/README.md")),
+             *sorted((root / "configs").glob("*.yaml")), root / "tests" / "micro_params.yaml", root / "dvc.yaml",
+             root / "pyproject.toml", root / ".dvc" / "config"]
+    for folder in ("src", "stages", "flows", "benchmarks"):
         found += sorted(p for p in (root / folder).rglob("*.py") if "egg-info" not in str(p))
     return found
 
@@ -78,7 +81,8 @@ def test_the_check_flags_build_words_in_prose_not_in_code(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("As issue 19 measured, this session's run (was evaluate/optbench.py) per METHODS §A; helper C.\n"
                     "Seven other engineers' jobs ran; see DESIGN \"Claims\" and ci17. The issue asks for less.\n"
-                    "Fine: a known problem, the open sessions of PostgreSQL, items: 200, Methods and design.\n")
+                    "Fine: a known problem, the open sessions of PostgreSQL, items: 200, `--items 6`, Methods and "
+                    "design.\n")
     assert [w for _, w, _ in build_words(page)] == ["issue 19", "this session", "(was evaluate/optbench.py)",
                                                      "METHODS", "helper C", "engineers", "DESIGN", "ci17",
                                                      "The issue"]

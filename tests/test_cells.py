@@ -1,4 +1,4 @@
-"""A cell's cost and output outside its compute (issue 6): lean imports, quiet start-up, progress lines, MFU <= 1."""
+"""A cell's cost and output outside its compute: lean imports, quiet start-up, progress lines, MFU <= 1."""
 
 import logging
 import subprocess

@@ -157,7 +157,7 @@ def test_bad_regex_is_a_params_error():
         parse_params(raw)
 
 
-# Machine settings (scalelab.config.machine): not params, merged in from layers DVC does not track (issue 20, item 5).
+# Machine settings (scalelab.config.machine): not params, merged in from layers DVC does not track.
 MACHINE_OLD = {"pretrain": {"threads": 3, "devices": 2, "strategy": "ddp", "compile": True, "peak_flops": 1e12},
                "evaluate": {"device": "cpu", "threads": 3}, "compress": {"device": "auto", "threads": 3},
                "hidden_decoding": {"train": {"threads": 3, "peak_flops": 1e12}}}

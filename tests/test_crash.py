@@ -1,4 +1,4 @@
-"""A whole-flow crash (issue 21 item 5): `kill -9` of every process of a running pipeline flow (the flow, its
+"""A whole-flow crash: `kill -9` of every process of a running pipeline flow (the flow, its
 temporary Prefect server, its warm server, DVC, the stages) at a seeded random moment and while a training cell runs,
 then the same command again, on the micro profile's data stages and two pretrain cells. After the rerun: it
 finished, every metrics file equals an uninterrupted run's (timings aside), `dvc status` is clean, dvc.lock holds

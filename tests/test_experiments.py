@@ -1,4 +1,4 @@
-"""`dvc exp run` on the micro profile (issue 20, item 4): a workspace experiment (-S), a queue of two run by
+"""`dvc exp run` on the micro profile: a workspace experiment (-S), a queue of two run by
 `dvc queue start -j 2`, and a `--temp` one all log to the project's MLflow store (the queued and temp ones run in a
 copy under .dvc/tmp/exps that DVC deletes), each under a parent run of its own params, and `dvc exp show` lists their
 metrics. The environment is a user's shell: no SCALELAB_ROOT, no MLFLOW_TRACKING_URI; scalelab resolves both."""

@@ -1,4 +1,4 @@
-"""Exports (METHODS §A, DESIGN "Exports"): folded Llama/Qwen3 checkpoints load in transformers with equal logits;
+"""Exports: folded Llama/Qwen3 checkpoints load in transformers with equal logits;
 MoE and post-norm models round-trip through scalelab's own format; every dense Pre-Norm pretrain cell writes its
 export to data/pretrain/<cell>/model/hf."""
 

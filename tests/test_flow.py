@@ -1,5 +1,5 @@
 """flows/pipeline.py on a tiny DVC project: a -> b -> c (matrix over x, y), stages tracked with stage_run; the cells
-of c run concurrently (issue 6) and every invariant of a concurrent run holds."""
+of c run concurrently and every invariant of a concurrent run holds."""
 
 import importlib.util
 import json
@@ -362,7 +362,7 @@ def _read(path: Path) -> str:
 
 
 @mutant("flow-retries-deterministic")
-def _(monkeypatch):  # every failure retried, as before issue 21: the rule lives in failures, the log in the flow
+def _(monkeypatch):  # every failure retried (none deterministic): the rule lives in failures, the log in the flow
     monkeypatch.setattr(flow_mod.failures, "DETERMINISTIC", {})
     monkeypatch.setattr(flow_mod, "DETERMINISTIC", {})
 

@@ -1,4 +1,4 @@
-"""Fault-injection hardening (issue 12): each test replays one failure found by killing, corrupting and mistyping,
+"""Fault-injection hardening: each test replays one failure found by killing, corrupting and mistyping,
 and checks the guarantee the README's "Reliability" section states."""
 
 import contextlib

@@ -1,6 +1,7 @@
-"""Tests of the mechanisms METHODS §A speaks of, not only of the plumbing: weight decay acts on the scale vectors its
-policy names and on no others, during real training; Muon's update has the RMS that Moonshot's `match_rms_adamw`
-promises; the sharpness power iteration works in the folded parameterization, where a variant and its fold agree."""
+"""Tests of the mechanisms docs/scale-vectors.md speaks of, not only of the plumbing: weight decay acts on the scale
+vectors its policy names and on no others, during real training; Muon's update has the RMS that Moonshot's
+`match_rms_adamw` promises; the sharpness power iteration works in the folded parameterization, where a variant and its
+fold agree."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""Model layer (METHODS §A): scale-variant properties, MoE routing, attention, accounting, a micro training run."""
+"""Model layer: scale-variant properties (docs/scale-vectors.md), MoE routing, attention, accounting, a micro
+training run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from scalelab.config import ModelConfig, MoEConfig, ScaleConfig
 from scalelab.model import Projection, RMSNorm, Scale, Transformer, fold_scales, plain_config
 from scalelab.model.moe import MoE, load_balance_loss
 
-# the variants of params.yaml (METHODS §A)
+# the variants of params.yaml (docs/scale-vectors.md)
 VARIANTS = {
     "none": ScaleConfig(scales=False),
     "standard": ScaleConfig(),
@@ -83,7 +84,7 @@ def test_projection_scales_weights_like_activations():
         torch.testing.assert_close(g, g_ref)
 
 
-# ---------------------------------------------------------------- scale variants (METHODS §A properties)
+# ---------------------------------------------------------------- scale variants (their properties)
 @pytest.mark.parametrize("moe", [False, True])
 def test_none_has_no_scale_parameters(moe):
     model = build(micro("none", moe))
@@ -115,7 +116,7 @@ def test_every_variant_is_the_standard_model_at_init(variant, moe):
     ("unified", False, True),
 ])
 def test_folding_the_input_scales_keeps_the_logits(variant, moe, tie):
-    """No expressivity: input-side scales fold into the adjacent linear maps (METHODS §A)."""
+    """No expressivity: input-side scales fold into the adjacent linear maps."""
     model = build(micro(variant, moe, tie_embeddings=tie))
     idx = tokens()
     before = model(idx).logits
@@ -135,7 +136,7 @@ def test_folding_the_input_scales_keeps_the_logits(variant, moe, tie):
 
 
 def expected_scale_names(cfg: ModelConfig) -> dict[str, set[str]]:
-    """METHODS §A, by hand: the scale parameters each variant must have, by kind."""
+    """By hand, as docs/scale-vectors.md states them: the scale parameters each variant must have, by kind."""
     s = cfg.scale
     if not s.scales:
         return {"input_scale": set(), "output_scale": set()}

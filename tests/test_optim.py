@@ -1,4 +1,5 @@
-"""Parameter groups follow the scale-vector weight-decay policy (METHODS §A); schedules have the right shape."""
+"""Parameter groups follow the scale-vector weight-decay policy (docs/scale-vectors.md); schedules have the right
+shape."""
 
 import math
 
@@ -160,7 +161,7 @@ def test_schedule_free_takes_the_scale_vectors_into_its_averaged_optimizer():
 
 
 def test_a_gamma_decay_dose_moves_gamma(micro_params):
-    """METHODS §A dose: 10 AdamW steps on the same batches and init, decay on input-norm γ at 0x and 100x the
+    """A weight-decay dose on γ: 10 AdamW steps on the same batches and init, decay on input-norm γ at 0x and 100x the
     matrices' rate: the 100x arm's mean input γ ends lower (dose λ·η·T = 0.1·100·1e-2·10 = 1), the output-norm γ
     (undecayed in both arms) and the matrices' rate as they were."""
     from scalelab.model import Transformer

@@ -1,8 +1,8 @@
 """scalelab.tracking.orphans: the sweep closes abandoned runs as KILLED and nothing else (its docstring's rule).
 
 Each interleaving the rule guards against is forced deterministically: a search answer that is stale by the time it
-is read (issue 21's race), a resume that claims a run between its owner's death and the sweep's close, and the
-journal and owner-tag branches (reused pid, other host, a journaled run reopened by another owner)."""
+is read (a race once seen under load), a resume that claims a run between its owner's death and the sweep's close,
+and the journal and owner-tag branches (reused pid, other host, a journaled run reopened by another owner)."""
 
 import fcntl
 import os
@@ -68,7 +68,7 @@ class StaleSearch(MlflowClient):
         return found
 
 
-# ---------------------------------------------------------------- the old sweep, kept as a mutant (issue 21's race)
+# ---------------------------------------------------------------- the old sweep, kept as a mutant (the race above)
 def old_sweep(client, experiment_id, uri):
     """orphans.sweep at b2d4a37: closes what its search found RUNNING once the owner is gone, without a re-read."""
     for e in orphans._take_journal(uri):
@@ -90,7 +90,7 @@ def _(monkeypatch):
 
 
 def test_a_run_its_owner_ended_after_the_search_keeps_its_status(store, live):
-    """Issue 21: the search sees B's run RUNNING; B ends it FINISHED and exits; the sweep must not close it KILLED.
+    """The search sees B's run RUNNING; B ends it FINISHED and exits; the sweep must not close it KILLED.
     A run whose owner died without ending it is still closed."""
     client, exp_id, uri = store
     ended, abandoned = _run(client, exp_id, _tag(live.pid)), _run(client, exp_id, _tag(_dead_pid()))

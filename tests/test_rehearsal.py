@@ -1,4 +1,4 @@
-"""The GPU path rehearsed on CPU (issue 23): each GPU preset in configs/ runs end to end as a micro version built from
+"""The GPU path rehearsed on CPU: each GPU preset in configs/ runs end to end as a micro version built from
 the preset file itself, with the preset's own precision, compile, strategy, mixing, position and calibration flags;
 only dimensions, steps, data and the device are shrunk (`micro`). A flag the code silently ignored fails here: the
 model must really be compiled, the matmuls of a training step must run in bf16, two gloo processes must train as DDP,

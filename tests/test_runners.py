@@ -1,4 +1,4 @@
-"""The pipeline flow's cluster task runners (issue 6): a micro-profile grid of two pretrain cells on a Dask LocalCluster
+"""The pipeline flow's cluster task runners: a micro-profile grid of two pretrain cells on a Dask LocalCluster
 of 2 workers and a local Ray instance (2 CPUs; the local thread runner: test_pipeline, on the whole DAG), with the
 invariants of a concurrent run: both cells ran at once, DVC's status is clean and dvc.lock holds them, neither a second
 flow run nor a plain `dvc repro` reruns anything, and the MLflow parent run has exactly one child per cell."""

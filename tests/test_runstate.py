@@ -1,10 +1,10 @@
-"""Run states stay true under concurrency and kills (issue 21): every run ends in the state its process gave it.
+"""Run states stay true under concurrency and kills: every run ends in the state its process gave it.
 
 Many tiny cells run at once against one sqlite store, each a stage run with nested runs (as an optimizer cell's LR
 runs: `nested_under`) that ends normally, fails with an exception (FAILED) or is killed with SIGKILL (RUNNING, then
 KILLED at a later contact's sweep). Most are forked from this process, which has imported MLflow and scalelab as the
 warm server (scalelab.pipeline.warm) has; a few are real interpreter starts. Every cell opens the store, so every cell sweeps
-while the others are writing: the race of issue 21 (a sweep closing a concurrent cell's FINISHED runs) is exercised
+while the others are writing: the race of a sweep closing a concurrent cell's FINISHED runs is exercised
 hundreds of times. Each cell reports its run ids as it opens them; the test compares every run's terminal state
 with what its cell's exit status says it must be.
 """
@@ -167,7 +167,7 @@ def test_the_old_sweep_is_caught():
                   "sweep-stale-search")
 
 
-# ---------------------------------------------------------------- FINISHED means done (issue 21 item 2)
+# ---------------------------------------------------------------- FINISHED means done
 # stages/pretrain.py, run as DVC runs it, with its Hugging Face export replaced by a rendezvous: it writes the barrier
 # file (its first argument) and waits there to be killed. fit has returned; the export and metrics are not written.
 BLOCKED_EXPORT = """

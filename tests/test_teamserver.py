@@ -1,4 +1,4 @@
-"""The team MLflow server for real (issue 20, item 3): Debian's PostgreSQL and `mlflow server --serve-artifacts` on
+"""The team MLflow server for real: Debian's PostgreSQL and `mlflow server --serve-artifacts` on
 127.0.0.1 (scalelab.tracking.teamserver), and the Prefect flow at 2 workers logging to it: the same invariants as with sqlite
 (one parent, one FINISHED child per cell, a logged model per cell), the runs are rows in PostgreSQL, and artifacts go
 through the server. Without PostgreSQL this skips on a developer's machine and fails under CI (CI=true, .ci/run)."""

@@ -197,7 +197,7 @@ def test_deps_hash_follows_content_and_params(tmp_path):
 
 
 def test_lightning_logger_survives_an_outage_mid_training(project):
-    """DESIGN: a tracking failure never stops training; the logger warns once, then stays quiet."""
+    """A tracking failure never stops training (docs/reliability.md); the logger warns once, then stays quiet."""
     from mlflow.entities import Metric
 
     root, exp = project
@@ -221,7 +221,7 @@ def test_lightning_logger_survives_an_outage_mid_training(project):
 
 
 def test_lightning_finalize_leaves_the_terminal_state_to_the_stage(project):
-    """Issue 21: Lightning's finalize, right after fit, marked the run FINISHED before the stage's export and
+    """Lightning's finalize, right after fit, once marked the run FINISHED before the stage's export and
     metrics existed; the stage's exit is the only writer of a terminal state."""
     _, exp = project
     with tracking.stage_run("pretrain@f", params={}, experiment=exp) as r:

@@ -209,7 +209,7 @@ def test_prefect_shows_the_deployment_and_the_last_flow_run_with_a_task_per_stag
 # ---------------------------------------------------------------- the rules above, without a browser
 def test_ports_are_free_when_chosen_even_where_the_pid_would_point(monkeypatch):
     """Two distinct ports that bind, neither held by another process: here one holds the ports the old pid-derived
-    choice (15000 + pid % 1000, 14200 + pid % 1000) gave this process, as another engineer's run could."""
+    choice (15000 + pid % 1000, 14200 + pid % 1000) gave this process, as another user's run could."""
     pid_ports = (15000 + os.getpid() % 1000, 14200 + os.getpid() % 1000)
     with contextlib.ExitStack() as stack:
         for port in pid_ports:

@@ -200,7 +200,7 @@ def _value(tmp_path: Path, sock: Path) -> tuple[str, int]:
 @mutant("warm-blind-to-edits")
 def _(monkeypatch):
     """Every content hash the same in the processes this test starts (a sitecustomize on their PYTHONPATH): the
-    server sees no edit, as before issue 21."""
+    server sees no edit, as it once did."""
     import tempfile
 
     site = Path(tempfile.mkdtemp(prefix="mutant-"))

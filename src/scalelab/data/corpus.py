@@ -1,6 +1,6 @@
 """Corpus cleaning and the train/val split, streamed in bounded memory; the prepared splits read back in batches.
 
-Pipeline (CONTRACT "Data outputs"): raw documents (scalelab.data.sources) -> unicode normalization, strip -> drop
+Pipeline: raw documents (scalelab.data.sources) -> unicode normalization, strip -> drop
 documents shorter than `min_chars` -> drop exact duplicates (keep first) -> train/val split by document hash ->
 data/prepared/*.parquet.
 

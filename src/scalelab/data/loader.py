@@ -1,4 +1,4 @@
-"""Deterministic batches from verified token shards (CONTRACT "Loader API").
+"""Deterministic batches from verified token shards.
 
 The global training batch is a pure function of (seed, step), so a resumed run sees exactly the batches it would
 have seen, and DDP rank r takes rows r::world_size of that same global batch.

@@ -1,5 +1,5 @@
-"""Token shards: flat memmaps with EOT between documents and a meta.json with sha256 per shard (CONTRACT
-"Data outputs"), plus the atomic-write helpers the data stages use (DESIGN: a failed stage leaves no partial output).
+"""Token shards: flat memmaps with EOT between documents and a meta.json with sha256 per shard, plus
+the atomic-write helpers the data stages use (a failed stage leaves no partial output).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The dense reference of a Hidden Decoding forward (METHODS §C): the test oracle and the benchmark's baseline, never
+"""The dense reference of a Hidden Decoding forward: the test oracle and the benchmark's baseline, never
 used by the model.
 
 Stream-major layout throughout, h [B, n, T, d]; a mixing layer runs the n·T entries as one sequence under an explicit
-boolean (nT)² mask built from each entry's token and stream index, which is the rule of METHODS §C written out
+boolean (nT)² mask built from each entry's token and stream index, which is the mixing rule written out
 literally. SDPA then computes every score and (transformers turns `enable_gqa` off under a mask) expands the key and
 value heads, which is what the token-major model (scalelab.model.hidden_decoding) avoids.
 """
@@ -14,7 +14,7 @@ import torch
 
 def mixing_mask(q_tok: torch.Tensor, q_str: torch.Tensor, k_tok: torch.Tensor, k_str: torch.Tensor,
                 window: int | None = None) -> torch.Tensor:
-    """METHODS §C mixing-layer mask [queries, keys] (True = may attend) from each entry's token and stream index:
+    """The mixing-layer mask [queries, keys] (True = may attend) from each entry's token and stream index:
     (i,s) attends every (j,s') with j < i, and (i,s') with s' ≤ s; with a `window` (a local layer) only j > i − w."""
     i, s = q_tok[:, None], q_str[:, None]
     j, t = k_tok[None, :], k_str[None, :]

@@ -1,6 +1,6 @@
-"""Optimizers (the registry and METHODS §B's families), their training-loop hooks, and learning-rate schedules."""
+"""Optimizers (the registry and the benchmark's families), their training-loop hooks, and learning-rate schedules."""
 
-from scalelab.optim import families, hooks  # families: registers METHODS §B's optimizers on import
+from scalelab.optim import families, hooks  # families: registers the benchmark's optimizers on import
 from scalelab.optim.registry import OPTIMIZERS, OptimizerSpec, build_optimizers, param_groups, register, spec
 from scalelab.optim.schedules import apply_lr, lr_factor
 

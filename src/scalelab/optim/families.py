@@ -1,4 +1,5 @@
-"""The optimizer families of METHODS §B, one per family at least, registered in scalelab.optim.registry.
+"""The benchmark's optimizer families (docs/optimizers.md), one per family at least, registered in
+scalelab.optim.registry.
 
 Library choice. torch.optim for SGD, AdamW, Adafactor and Muon; pytorch-optimizer (4.1.0) for the other nine, since
 it is the one library that has all of them (heavyball 3.2.1 has SOAP, AdEMAMix and Schedule-Free AdamW but no Lion,

@@ -1,11 +1,11 @@
-"""What the training loop does for particular families (METHODS §B), and optimizer-state accounting.
+"""What the training loop does for particular families, and optimizer-state accounting.
 
 - Sophia takes a diagonal Hessian estimate every `update_period` steps: `hessian_due` says when, `gnb_hessian`
   computes it (Gauss-Newton-Bartlett), and the loop passes it as `optimizer.step(hessian=...)`.
 - Schedule-Free optimizers train at the interpolated iterate y and evaluate at the average x: `eval_weights`
   swaps x in for validation and checkpoints, `train_weights` swaps y back before a training step.
 - `state_bytes` reads the optimizer state's size from its tensors; `step_peak_bytes` measures the memory an
-  optimizer step itself allocates at its peak (issue 19: not the process's high-water mark).
+  optimizer step itself allocates at its peak (not the process's high-water mark).
 """
 
 from __future__ import annotations

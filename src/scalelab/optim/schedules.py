@@ -1,4 +1,4 @@
-"""Learning-rate schedules as multipliers of each group's `base_lr` (METHODS §B: cosine, WSD, linear, constant).
+"""Learning-rate schedules as multipliers of each group's `base_lr` (cosine, WSD, linear, constant).
 
 A pure function of (step, total_steps) so a resumed run needs no scheduler state.
 """

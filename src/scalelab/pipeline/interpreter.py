@@ -51,6 +51,8 @@ FIX = "run `make setup` (the venv's PATH hook), activate .venv, or use `scalelab
 def __getattr__(name: str):
     """WrongInterpreter, defined on first use: its base, ParamsError, is scalelab.config's (not imported at the top)."""
     if name == "WrongInterpreter":
+        if name in globals():  # called directly (the raise below) after a first attribute lookup: one class only
+            return globals()[name]
         from scalelab.config import ParamsError
 
         class WrongInterpreter(ParamsError):
