@@ -454,6 +454,8 @@ def test_a_local_llama_continues_training(tmp_path):
     first = float(curve[1].split(",")[2])  # train loss at step 0
     assert metrics["val_loss"] < first - 1.0 and metrics["steps"] == 30
     assert math.isfinite(metrics["flops"]) and metrics["n_streams"] == 2
+    # the tables' spread: 0 at init without noise, moved apart by training
+    assert metrics["table_spread_start"] == 0.0 and metrics["table_spread"] > 1e-3
     reloaded = load_hidden_decoding(tmp_path / "out/model")
     assert len(reloaded.extra_embeds) == 1
     # every table trained: with zero noise E_2 started as the backbone's E_1 (frozen tables still drop the loss)
@@ -851,6 +853,45 @@ def test_the_study_ledgers_are_rederived_and_its_readme_current():
     assert not stray_numbers(text), stray_numbers(text)
 
 
+# ------------------------------------------------------------------ the gated start
+@pytest.mark.parametrize("mixing", [[1, 3], None, "full"])
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("make", [llama, qwen3])
+def test_the_gated_start_is_the_backbone_at_step0_and_then_opens(make, n, mixing, tmp_path):
+    """start gated: at step 0 an n-stream model computes its backbone's logits bit for bit, whatever the copies'
+    noise and however many layers mix; each gate gets a gradient, and once it moves the hidden streams are read.
+    It saves and reloads with its gates; with interleaved mixing positions (which change the function whatever
+    the gate) it is refused."""
+    x = tokens(2, 9)
+    ref = make().eval()(x).logits
+    kw = {"attention": "full"} if mixing == "full" else {"mixing_layers": mixing}
+    model = hd(make(), n_streams=n, positions="shared", start="gated", embed_noise=0.1, **kw)
+    assert torch.equal(model(x).logits, ref)
+    assert len(model.mix_gates) == len(model.mixing_layers) > 0
+    model(x, x).loss.backward()
+    assert all(float(g.grad.abs()) > 0 for g in model.mix_gates)
+    with torch.no_grad():
+        for g in model.mix_gates:
+            g.fill_(0.5)
+    assert (model(x).logits - ref).abs().max() > 1e-3
+    cache = StreamCache(9)
+    cached = torch.cat([model.step(x[:, :4], cache), model.step(x[:, 4:], cache)], dim=1)
+    assert torch.allclose(cached, model(x).logits, atol=1e-5)
+    save_hidden_decoding(model, tmp_path / "m")
+    again = load_hidden_decoding(tmp_path / "m").eval()
+    assert torch.equal(again(x).logits, model(x).logits)
+    with pytest.raises(ValueError, match="start gated with positions per_layer"):
+        HiddenDecodingModelConfig(n_streams=n, start="gated")
+
+
+def test_the_open_start_with_interleaved_mixing_positions_is_not_the_backbone():
+    """The contrast: the method's start reads the hidden stream from step 0, and per_layer positions double every
+    distance a mixing layer sees, so n = 2 starts away from the backbone."""
+    x = tokens(2, 9)
+    ref = llama().eval()(x).logits
+    assert (hd(llama(), n_streams=2, mixing_layers=[1, 3], embed_noise=0.0)(x).logits - ref).abs().max() > 1e-3
+
+
 # ------------------------------------------------------------------ mutation checks (tests/mutants.py)
 def _after_init(monkeypatch, then):
     real = HiddenDecodingLM.__init__
@@ -993,8 +1034,19 @@ def _(monkeypatch):
         q, k, v, is_causal=True, scale=scale, enable_gqa=True))
 
 
+@mutant("hd-gate-starts-open")  # the gated start's gates begin at 1: n > 1 reads the hidden streams from step 0
+def _(monkeypatch):
+    def opened(self):
+        with torch.no_grad():
+            for g in self.mix_gates:
+                g.fill_(1.0)
+
+    _after_init(monkeypatch, opened)
+
+
 T = "tests/test_hidden_decoding.py::"
 CAUGHT = [
+    ("hd-gate-starts-open", f"{T}test_the_gated_start_is_the_backbone_at_step0_and_then_opens"),
     ("hd-tables-frozen", f"{T}test_a_local_llama_continues_training"),
     ("hd-tables-not-copied", f"{T}test_tables_start_as_exact_copies_of_the_backbones_embedding"),
     ("hd-resume-ignored", f"{T}test_an_interrupted_cell_resumes_to_the_uninterrupted_result"),

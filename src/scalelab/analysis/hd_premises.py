@@ -1,13 +1,16 @@
 """The measured premises of the Hidden Decoding claims (scalelab.analysis.claims rule 1), each computed from a run's
 own numbers, and the regime each claim ran in.
 
-Two kinds of run, two sets of premises:
+Three kinds of run, three sets of premises:
 - a **mechanism probe** (a synthetic task with a computed floor, scalelab.analysis.window_floor): the n = 1 model must
   compute part of the task and leave room to show the effect (`learns_task`, `room`: the fraction of the sum-blind →
   floor gap of the validation windows it closes), and a treatment known to add useful per-token computation must gain
   on the same probe (`positive_control`), else a null result says nothing about hidden streams;
-- a **continued pretraining**: n > 1 does not start where n = 1 does (its mixing layers read the hidden streams from
-  the first step, so the start is not function-preserving), so a comparison is only read once n > 1 has recovered
+- a **parity probe** (scalelab.analysis.hd_parity): at the K its claims compare, n = 1 must stay near the blind ln 2
+  (`room`) and one stream with K pause tokens before the answer must solve it (`positive control`,
+  `parity_premises`);
+- a **continued pretraining**: under the open start n > 1 does not start where n = 1 does (its mixing layers read the
+  hidden streams from the first step), so a comparison is only read once n > 1 has recovered
   that step-0 gap (`recovered`, from the gap's curve over training or over budgets).
 Claim-specific: a growth or SFA claim is testable only where the gain it is measured against is there (`shown`), and
 separate tables only act once they have moved apart (`tables_diverged`).
@@ -22,6 +25,7 @@ from scalelab.analysis import claims as ledger
 from scalelab.analysis.window_floor import Floors
 
 LEARNS, ROOM = 0.1, 0.9  # n = 1 closes at least this / at most this of the sum-blind -> floor gap
+SOLVED = 0.99  # answer accuracy at which a parity probe's cell solves its K
 SHRINK = 0.1  # a gap that shrank by less than this fraction between the last two points has stopped recovering
 
 # The paper's regime (continued pretraining of an 8B backbone, the tokens by n), beside every entry's own.
@@ -66,6 +70,21 @@ def shown(name: str, diffs: Sequence[float], level: float, need: str) -> dict:
     value = (f"{interval[0]:+.4f} ± {interval[2] - interval[0]:.4f} ({decision})" if interval
              else decision)
     return ledger.premise(name, value, decision == ledger.REPRODUCED, f"{need} (t interval above 0)")
+
+
+def parity_premises(K: int, pause_acc: Sequence[float], n1_closed: Sequence[float]) -> list[dict]:
+    """A parity probe's premises at the K its claims compare: `room` (n = 1 stays near the blind ln 2: it closes
+    less than LEARNS of the ln 2 → 0 answer gap in every seed) and `positive control` (one stream with K pause tokens
+    before the answer, same backbone and steps, solves it: answer accuracy ≥ SOLVED in every seed)."""
+    room = (f"n = 1 closes at most {max(n1_closed):.1%} of the answer gap at K = {K} ({len(n1_closed)} seeds)"
+            if n1_closed else "no n = 1 cell")
+    control = (f"pause tokens: answer accuracy {min(pause_acc):.3f} at K = {K}, the lowest of {len(pause_acc)} seeds"
+               if pause_acc else "none run")
+    return [ledger.premise("room", room, bool(n1_closed) and max(n1_closed) < LEARNS,
+                           f"n = 1 closes < {LEARNS:.0%} of the ln 2 → 0 answer gap in every seed (stays near ln 2)"),
+            ledger.premise("positive control", control, bool(pause_acc) and min(pause_acc) >= SOLVED,
+                           f"one stream with K pause tokens before the answer (same backbone and steps) reaches answer "
+                           f"accuracy ≥ {SOLVED} in every seed")]
 
 
 GapCurve = Sequence[tuple[float, Sequence[float]]]  # (tokens, per-seed loss(n) − loss(n = 1)), by tokens

@@ -1,4 +1,4 @@
-"""params section `hidden_decoding`: continued pretraining of n-stream models (METHODS §C).
+"""params section `hidden_decoding`: continued pretraining of n-stream models (docs/hidden-decoding.md).
 
     hidden_decoding:
       source: {cell: standard-m-base-0}        # or {path: <HF Llama/Qwen3 folder or hub id>}
@@ -8,7 +8,9 @@
       local_layers: []                         # cross-stream layers over a window of local_window tokens
       embed_noise: 0.1                         # noise on E_2..E_n at init, relative to std(E)
       cells: {n1: {n_streams: 1}, n4full: {n_streams: 4, attention: full},
-              n1_flops_n4: {n_streams: 1, flops_of: {n_streams: 4}}, ...}
+              n1_flops_n4: {n_streams: 1, flops_of: {n_streams: 4}},
+              n2gated: {n_streams: 2, start: gated}, ...}   # start gated: n > 1 at step 0 is the backbone
+                                                           # (needs positions: shared)
       grid: [n1, n4full, n1_flops_n4]          # the cells dvc.yaml runs, × seeds
 """
 
@@ -25,15 +27,19 @@ from scalelab.config.source import NAME, ModelSource
 
 
 class StreamsConfig(Strict):
-    """The axes a cell varies: how many streams, which attention, and whether the streams have their own tables
-    (METHODS §C; "tied": every stream reads E_1, the control that isolates what separate tables add)."""
+    """The axes a cell varies: how many streams, which attention, whether the streams have their own tables
+    ("tied": every stream reads E_1, the control that isolates what separate tables add), and how n > 1 starts:
+    "open" (the method's: the last stream reads the hidden streams from the first step, so n > 1 starts from a
+    perturbed function) or "gated" (it reads them through a gate per mixing layer that starts at 0, so n > 1 at
+    step 0 is the backbone exactly; needs token positions in the mixing layers; scalelab.model.hidden_decoding_gate)."""
 
     n_streams: PosInt = 1
     attention: Literal["sfa", "full"] = "sfa"  # full: every layer is a mixing layer (the ablation)
     tables: Literal["separate", "tied"] = "separate"
+    start: Literal["open", "gated"] = "open"
 
 
-# RoPE position of (i, s) by layer kind (METHODS §C): "token" i, or "interleaved" n·i + s (s counted from 0), which
+# RoPE position of (i, s) by layer kind: "token" i, or "interleaved" n·i + s (s counted from 0), which
 # is the entry's index in the token-major order a mixing layer runs in.
 POSITIONS = {"shared": ("token", "token"), "interleaved": ("interleaved", "interleaved"),
              "per_layer": ("token", "interleaved")}  # (within-stream layers, mixing layers); per_layer: WeLM-HD's
@@ -55,6 +61,16 @@ class HiddenDecodingModelConfig(StreamsConfig):
     local_window: PosInt = 4  # tokens (all their streams) a local layer's query reads, its own included
     embed_noise: NonNegFloat = 0.1  # std of the noise added to the copies E_2..E_n at init (relative to E's std)
     aux_loss_weight: NonNegFloat = 0.0  # weight of the mean CE on streams 1..n-1 (off: only (i, n) predicts)
+
+    @model_validator(mode="after")
+    def _gated_start(self) -> "HiddenDecodingModelConfig":
+        if self.start == "gated" and self.position_kind("mixing") != "token":
+            raise ValueError(f"hidden_decoding: start gated with positions {self.positions}: the mixing layers' "
+                             "interleaved positions change the backbone's function whatever the gate (set positions "
+                             "shared)")
+        if self.start == "gated" and self.local_layers:
+            raise ValueError("hidden_decoding: start gated with local_layers: the gate covers mixing layers only")
+        return self
 
     def position_kind(self, layer_kind: str) -> str:
         """ "token" or "interleaved": the RoPE positions of a "within" layer, or of a cross-stream one ("mixing",
@@ -78,7 +94,7 @@ class HiddenDecodingModelConfig(StreamsConfig):
 
     def mixing(self, n_layer: int) -> list[int]:
         """Indices of the mixing layers of an `n_layer`-layer backbone (all of them under `full`), after refusing
-        settings under which the hidden streams provably cannot matter (METHODS §C, symmetry):
+        settings under which the hidden streams provably cannot matter (the symmetry of the streams):
         - n > 1 without a cross-stream (mixing or local) layer: streams 1..n-1 never reach (i, n);
         - n ≥ 3, equal tables (embed_noise 0), token positions in cross-stream layers, and only the last layer
           crossing streams: streams 1..n-1 are computed identically and read only by (i, n)'s attention, which sees
@@ -202,7 +218,7 @@ class HiddenDecodingConfig(Strict):
             raise ValueError(f"hidden_decoding.cells: unknown cell {cell!r}; known: {sorted(self.cells)}")
         c = self.cells[cell]
         return HiddenDecodingModelConfig(n_streams=c.n_streams, attention=c.attention, tables=c.tables,
-                                         positions=self.positions,
+                                         start=c.start, positions=self.positions,
                                          mixing_layers=self.mixing_layers, local_layers=self.local_layers,
                                          local_window=self.local_window, embed_noise=self.embed_noise,
                                          aux_loss_weight=self.aux_loss_weight)

@@ -1,5 +1,5 @@
-"""Hidden Decoding (METHODS §C): n embedding streams through an unchanged Hugging Face Llama/Qwen3 backbone, with
-Stream-Factorized Attention (SFA).
+"""Hidden Decoding (docs/hidden-decoding.md): n embedding streams through an unchanged Hugging Face Llama/Qwen3
+backbone, with Stream-Factorized Attention (SFA).
 
     token i  → n positions (i,1)..(i,n); position (i,s) is token i embedded by table E_s (E_1 is the backbone's own)
     within-stream layer:  stream-major [B·n, T, d], causal SDPA      (i,s) attends (j,s), j ≤ i (cost linear in n)
@@ -18,7 +18,9 @@ the layer kind changes, so each layer reads a free view. The decoder layers are 
 one by one (no copy of their math) under their SDPA attention: `attention_mask=None` makes SDPA causal
 (`is_causal`); after cached tokens a boolean offset-causal mask of the new entries against the cache goes to SDPA
 as is. With n = 1 every layer runs the within-stream path, which is exactly the backbone's own forward: n = 1
-computes the backbone's logits bit for bit. The earlier dense stream-major implementation (an (nT)² boolean mask) is
+computes the backbone's logits bit for bit; so does n > 1 at step 0 under the gated start (a cell's `start: gated`,
+scalelab.model.hidden_decoding_gate), where the last stream reads E_1 and the hidden streams through a gate per
+mixing layer that starts at 0. The earlier dense stream-major implementation (an (nT)² boolean mask) is
 kept as the test oracle and benchmark baseline in scalelab.model.hidden_decoding_dense.
 
 A scalelab pretrain cell enters through its folded Hugging Face export (Qwen3 with QK-norm, or Llama), so one
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalelab.config import HiddenDecodingModelConfig
-from scalelab.model import stream_window
+from scalelab.model import hidden_decoding_gate, stream_window
 from scalelab.model.transformer import ModelOutput
 
 BACKBONES = ("llama", "qwen3")
@@ -65,6 +67,8 @@ def flops_per_token(config, cfg: HiddenDecodingModelConfig, seq_len: int) -> flo
     mixing, local = set(cfg.mixing(L)), set(cfg.local(L)) if n > 1 else set()
     kinds = ["local" if i in local else "mixing" if i in mixing else "within" for i in range(L)]
     pairs = sum(attended_pairs(k, n, seq_len, cfg.local_window if k == "local" else None) for k in kinds) / seq_len
+    if cfg.start == "gated" and n > 1:  # the last stream's own causal attention beside each mixing one
+        pairs += kinds.count("mixing") * attended_pairs("within", 1, seq_len) / seq_len
     return 6.0 * (n * L * layer + heads * d * c.vocab_size) + 12.0 * H * hd * pairs
 
 
@@ -101,7 +105,7 @@ class StreamCache:
 
 
 class HiddenDecodingLM(nn.Module):
-    """A Llama/Qwen3 causal LM (transformers) run as an n-stream Hidden Decoding model (METHODS §C).
+    """A Llama/Qwen3 causal LM (transformers) run as an n-stream Hidden Decoding model.
 
     `forward(idx, targets)` returns scalelab's ModelOutput: logits of the last stream [B, T, V] and the loss, so the
     training layer takes this model like a `Transformer`."""
@@ -122,7 +126,14 @@ class HiddenDecodingLM(nn.Module):
         self.local_layers = frozenset(local if self.n > 1 else ())
         # Our masks rely on SDPA's semantics (None = causal); eager or flash kernels would ignore them. Local layers
         # need the windowed path, which is SDPA for every other call.
-        backbone.set_attn_implementation(stream_window.ATTENTION if self.local_layers else "sdpa")
+        # The gated start's mixing layers go through its own attention function (hidden_decoding_gate).
+        self.gated = cfg.start == "gated" and self.n > 1
+        backbone.set_attn_implementation(stream_window.ATTENTION if self.local_layers else
+                                         hidden_decoding_gate.ATTENTION if self.gated else "sdpa")
+        # α_ℓ of each mixing layer (sorted), 0 at init: the last stream's read of the hidden streams
+        e0 = backbone.get_input_embeddings().weight
+        self.mix_gates = nn.ParameterList(nn.Parameter(torch.zeros(1, device=e0.device, dtype=e0.dtype))
+                                          for _ in (sorted(self.mixing_layers) if self.gated else ()))
         # E_2..E_n: copies of the backbone's table E_1 (optional noise). E_1 stays the backbone's (tied LM heads too).
         # Tied tables (the control): every stream reads E_1.
         e1 = backbone.get_input_embeddings().weight
@@ -135,9 +146,13 @@ class HiddenDecodingLM(nn.Module):
 
     # ---------------------------------------------------------------- layout
     def embeddings(self) -> list[nn.Embedding]:
-        """E_1..E_n, the table of each stream (E_1 n times under tied tables)."""
+        """The table of each stream: E_1..E_n (E_1 n times under tied tables). Under the gated start the last stream,
+        the one that predicts, reads the backbone's own E_1 and the hidden streams the copies, so that at step 0 it
+        is the backbone whatever the copies' noise."""
         e1 = self.backbone.get_input_embeddings()
-        return [e1, *self.extra_embeds] if self.cfg.tables == "separate" else [e1] * self.n
+        if self.cfg.tables != "separate":
+            return [e1] * self.n
+        return [*self.extra_embeds, e1] if self.gated else [e1, *self.extra_embeds]
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """[B, T] token ids → [B, n, T, d]: stream s reads table E_s."""
@@ -185,14 +200,15 @@ class HiddenDecodingLM(nn.Module):
                     allowed &= keys >= n * (q // n - w + 1)
                 masks[kind] = allowed[None, None]
         window = {"hd_window": (n, w)} if masks["local"] is None else {}
+        gate = dict(zip(sorted(self.mixing_layers), self.mix_gates))
         layout = "stream"  # h is [B, n, T, d] (stream-major); "token": [B, T, n, d] (token-major)
         for i, layer in enumerate(self.backbone.model.layers):
             kind = self.layer_kind(i)
             if (kind == "within") != (layout == "stream"):  # the one copy: where the layout changes
                 h, layout = h.transpose(1, 2).contiguous(), "stream" if kind == "within" else "token"
             x = h.reshape(B * n, T, d) if kind == "within" else h.reshape(B, T * n, d)
-            x = layer(x, attention_mask=masks[kind], position_embeddings=rope[kind], past_key_values=cache,
-                      **(window if kind == "local" else {}))
+            extra = window if kind == "local" else {"hd_gate": (n, gate[i])} if i in gate else {}
+            x = layer(x, attention_mask=masks[kind], position_embeddings=rope[kind], past_key_values=cache, **extra)
             h = x.view(h.shape)
             if hidden_out is not None:
                 hidden_out.append(h if layout == "stream" else h.transpose(1, 2))
@@ -205,7 +221,7 @@ class HiddenDecodingLM(nn.Module):
         return self.backbone.lm_head(self.backbone.model.norm(h))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
-        """idx [B, T]; targets [B, T] (-100 = ignored). Logits and loss of the last stream only (METHODS §C); with
+        """idx [B, T]; targets [B, T] (-100 = ignored). Logits and loss of the last stream only; with
         `aux_loss_weight` > 0, the loss adds that weight times the mean CE of streams 1..n-1 (`aux_loss`)."""
         h = self.run_layers(self.embed(idx))
         logits = self.stream_logits(h[:, -1])
@@ -272,6 +288,8 @@ class HiddenDecodingLM(nn.Module):
             self._ndim = {k: p.ndim for k, p in self.named_parameters()}
         if name not in self._ndim:
             raise KeyError(f"{name!r} is not a parameter of this model")
+        if name.startswith("mix_gates."):  # a gate's scale: never decayed towards the closed gate
+            return "output_scale"
         if name.startswith("extra_embeds.") or name.endswith(("embed_tokens.weight", "lm_head.weight")):
             return "embedding"
         if self._ndim[name] >= 2:

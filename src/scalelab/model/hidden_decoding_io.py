@@ -1,9 +1,9 @@
-"""Hidden Decoding models in and out (METHODS §C): built on a backbone from a ModelSource, saved as Hugging Face
+"""Hidden Decoding models in and out: built on a backbone from a ModelSource, saved as Hugging Face
 safetensors plus the extra embedding tables and the stream config.
 
 A saved folder holds the backbone's weights as its Hugging Face checkpoint wrote them (E_1 as its `embed_tokens`)
 with two files beside them:
-    hidden_decoding.safetensors   E_2..E_n as `extra_embeds.<k>.weight`
+    hidden_decoding.safetensors   E_2..E_n as `extra_embeds.<k>.weight` (and a gated start's α_ℓ as `mix_gates.<k>`)
     hidden_decoding.json          {"format", "format_version", "model": n_streams, attention, mixing layers, ...,
                                    "backbone": the backbone's own config.json}
 and a config.json of its own (model_type `scalelab_hidden_decoding`, naming `load_hidden_decoding`): transformers
@@ -46,6 +46,7 @@ def save_hidden_decoding(model: HiddenDecodingLM, out_dir: str | os.PathLike, to
         tokenizer.save_pretrained(out_dir)
     model.backbone.save_pretrained(out_dir, safe_serialization=True)
     tables = {f"extra_embeds.{k}.weight": t.weight.detach().contiguous() for k, t in enumerate(model.extra_embeds)}
+    tables |= {f"mix_gates.{k}": g.detach().contiguous() for k, g in enumerate(model.mix_gates)}
     save_file(tables, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.cfg.model_dump(mode="json"),
             "mixing_layers": sorted(model.mixing_layers),  # as resolved for this backbone
@@ -78,7 +79,10 @@ def load_hidden_decoding(path: str | os.PathLike, dtype: str = "float32",
     model = HiddenDecodingLM(weights.to(device).eval(), cfg)
     tables = load_file(str(path / WEIGHTS_NAME), device=str(device))
     expected = {f"extra_embeds.{k}.weight" for k in range(len(model.extra_embeds))}
+    expected |= {f"mix_gates.{k}" for k in range(len(model.mix_gates))}
     if set(tables) != expected:
         raise ValueError(f"{path / WEIGHTS_NAME}: tables {sorted(tables)}, expected {sorted(expected)}")
-    model.extra_embeds.load_state_dict({k.removeprefix("extra_embeds."): v for k, v in tables.items()}, strict=True)
+    for prefix, module in (("extra_embeds.", model.extra_embeds), ("mix_gates.", model.mix_gates)):
+        module.load_state_dict({k.removeprefix(prefix): v for k, v in tables.items() if k.startswith(prefix)},
+                               strict=True)
     return model

@@ -1,4 +1,4 @@
-"""Continued pretraining of one Hidden Decoding cell (METHODS §C) with the pretrain trainer's parts: LitLM (the model
+"""Continued pretraining of one Hidden Decoding cell with the pretrain trainer's parts: LitLM (the model
 returns the last stream's logits and loss like a Transformer), the token data module, the callbacks and the resume
 logic of scalelab.train.resume (a persisted checkpoint of the same config hash is resumed, any other moved aside).
 
@@ -22,9 +22,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import lightning as L
+import torch
 
 from scalelab.compress.data import from_text
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ScaleConfig
@@ -124,12 +126,26 @@ def check_vocab(model: HiddenDecodingLM, vocab_size: int, tokenizer) -> None:
                         "tokens: tokenize with the backbone's tokenizer (tokenizer.kind: file)")
 
 
+@torch.no_grad()
+def table_spread(model: HiddenDecodingLM) -> float | None:
+    """Mean over s ≥ 2 of ‖E_s − E_1‖ / ‖E_1‖ (Frobenius): how far the separate tables are from the backbone's;
+    None without separate extra tables (n = 1, tied tables)."""
+    e1 = model.backbone.get_input_embeddings().weight.float()
+    if not model.extra_embeds:
+        return None
+    return statistics.fmean(float((t.weight.float() - e1).norm() / e1.norm()) for t in model.extra_embeds)
+
+
 def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path, shards_dir: str | Path,
              run: StageRun | None = None, plot: Path | None = None, prepared_dir: str | Path = "data/prepared",
-             corpus: Corpus | None = None) -> dict:
+             corpus: Corpus | None = None,
+             evaluate: Callable[[HiddenDecodingLM, Shards], dict] | None = None) -> dict:
     """Continue the backbone as `cell` into `out_dir` (ckpt/ persistent; model/ with the Hugging Face folder plus
     extra tables, curve.csv and metrics.json); return its final metrics. `plot`: a second copy of curve.csv.
-    `corpus`: the streams if already loaded (load_corpus), else loaded from `shards_dir` or `prepared_dir`."""
+    `corpus`: the streams if already loaded (load_corpus), else loaded from `shards_dir` or `prepared_dir`.
+    `evaluate(model, shards)`: extra metrics of the trained model (a probe's answer tokens), merged in.
+    `table_spread_start` and `table_spread` (`table_spread` at init and at the end) say whether separate tables
+    moved apart."""
     start_time, tc, out_dir = time.perf_counter(), hd.train, Path(out_dir)
     tokenizer = backbone_tokenizer(hd)  # None: the vocabulary size check alone
     corpus = corpus or load_corpus(hd, shards_dir, prepared_dir, tokenizer)
@@ -139,6 +155,7 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
     cfg: HiddenDecodingModelConfig = hd.model(cell)
     L.seed_everything(seed, verbose=False)  # the extra tables' noise is a function of the seed
     model = from_source(hd.source, cfg, device).train()  # loaded in eval mode; Lightning keeps a module's mode
+    spread_start = table_spread(model)  # before a resumed checkpoint's weights: the init's noise
     # Data checks before the checkpoint folder is claimed: a run that fails them leaves it as it was.
     check_vocab(model, shards.vocab_size, tokenizer if not hd.uses_text() else None)
     check_windows(len(shards.train), len(shards.val), seq_len=tc.seq_len, val_tokens=tc.val_tokens)
@@ -175,7 +192,9 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
         "steps": lit.step, "tokens": lit.step * tokens_per_step, "flops_per_token": fpt,
         "flops": fpt * lit.step * tokens_per_step, "params": model.num_params(),
         "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time if step_time else None,
-        "peak_mem_mb": _peak_mem_mb(device), "wall_s": time.perf_counter() - start_time,
+        "peak_mem_mb": _peak_mem_mb(device), "table_spread_start": spread_start, "table_spread": table_spread(model),
+        **(evaluate(model, shards) if evaluate is not None else {}),
+        "wall_s": time.perf_counter() - start_time,
     }
     if trainer.is_global_zero:  # the final model with its curve, all or nothing
         with atomic_dir(out_dir / "model") as tmp:
