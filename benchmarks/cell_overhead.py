@@ -1,4 +1,4 @@
-"""A pretrain cell's cost outside its own compute (issue 6; DESIGN: Benchmarks convention), all measured in this run.
+"""A pretrain cell's cost outside its own compute, all measured in this run.
 
 In a temporary copy of the code with the micro profile (tests/micro_params.yaml), the data stages are built once,
 then several pretrain cells run one at a time through `dvc repro --single-item`, the way the pipeline runs them,
@@ -23,7 +23,6 @@ with that copy's src/ first on PYTHONPATH.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import resource
@@ -98,11 +97,16 @@ def main() -> None:
         data_s, _ = run(DVC + ["repro", "tokenize"], ws, env)  # also creates the MLflow store: not a cell's cost
         stages = run(DVC + ["stage", "list", "--name-only"], ws, env)[1].split()
         cells = [s for s in stages if s.startswith("pretrain@")][: args.cells]
-        warm = (ws / "src" / "scalelab" / "warm.py").is_file()  # an older checkout has no warm start
+        warm = (ws / "src" / "scalelab" / "pipeline" / "warm.py").is_file()
+        if not warm:  # measuring only cold cells would report the flow's warm path as never taken: refuse instead
+            raise SystemExit(f"cell_overhead: {code} has no warm server (src/scalelab/pipeline/warm.py): the warm "
+                             "cells this benchmark measures cannot run")
         rows: list[tuple[str, str, dict]] = []
         report: list[str] = []
-        with (server(ws, report.append, env) if warm else contextlib.nullcontext({})) as warm_env:
+        with server(ws, report.append, env) as warm_env:
             ready = bool(warm_env) and Path(warm_env[WARM_ENV]).exists()  # its start-up is the flow's, not a cell's
+            if not ready:
+                raise SystemExit("cell_overhead: the warm server did not start: the warm cells cannot be measured")
             for i, stage in enumerate(cells):  # interleaved, so a change in the machine's load hits both alike
                 mode = "warm" if ready and i % 2 else "cold"
                 rows.append((stage, mode, cell(ws, {**env, **(warm_env if mode == "warm" else {})}, stage)))

@@ -1,4 +1,4 @@
-"""Zero-shot scoring speed (issue 20 item 7, DESIGN: Benchmarks convention), all measured in this run on the same items:
+"""Zero-shot scoring speed, all measured in this run on the same items:
 
 1. shared contexts (each item's context computed once, its choices and other items' batched on the cached keys and
    values: `zeroshot.loglikelihoods(shared=True)`) against one full sequence per (context, choice) in batches of the
@@ -6,9 +6,12 @@
    of `--rounds` interleaved rounds (other processes on the cores only ever slow a round down);
 2. the scores of the three agree (max |Δ log p| over every choice; goal ≤ 1e-3 nats, float32 rounding);
 3. the whole default zero-shot evaluation (`run_tasks` at params' evaluate.zeroshot, both tasks), timed once: the goal
-   of issue 20 is ≤ 180 s for a 135M model on 2 cores (`--no-full` skips it).
+   is ≤ 180 s for a 135M model on 2 cores (`--no-full` skips it).
 
-    python benchmarks/zeroshot.py --model /tmp/smollm2-hf [--items 6] [--rounds 2] [--params params.yaml]
+    python benchmarks/zeroshot.py [--model HF_FOLDER] [--items 6] [--rounds 2] [--params params.yaml]
+
+The model defaults to the pipeline's SmolLM2-135M-Instruct (models/smollm2-135m-instruct, the import_model stage's
+out), imported from the packaged GGUF into a temporary folder when that stage has not run.
 
 The validation documents are the prepare stage's (data/prepared/val.parquet) when built, else the params' corpus
 prepared into a temporary folder, as the pipeline would.
@@ -17,6 +20,7 @@ prepared into a temporary folder, as the pipeline would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
@@ -29,6 +33,8 @@ from scalelab.data.corpus import prepare_corpus, read_prepared
 from scalelab.evaluate import zeroshot
 from scalelab.evaluate.lm import load_lm
 from scalelab.evaluate.suite import VAL_TEXT, val_documents
+
+DEFAULT = "smollm2-135m-instruct"
 
 
 def documents(params) -> list[str]:
@@ -47,7 +53,7 @@ def timed(lm, items, batch_size: int, shared: bool) -> tuple[float, list]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a Hugging Face causal LM folder")
+    ap.add_argument("--model", type=Path, default=None, help="a Hugging Face causal LM folder (default: SmolLM2-135M)")
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--items", type=int, default=6, help="items per task timed on the three paths")
     ap.add_argument("--rounds", type=int, default=2)
@@ -57,9 +63,26 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     params = load_params(args.params)
-    ev, zs = params.evaluate, params.evaluate.zeroshot
     docs = documents(params)
-    lm = load_lm(args.model, Path(args.model).name, dtype=args.dtype)
+    with contextlib.ExitStack() as stack:
+        model = args.model or default_model(stack)
+        run(args, params, load_lm(model, model.name, dtype=args.dtype), docs)
+
+
+def default_model(stack: contextlib.ExitStack) -> Path:
+    """The pipeline's SmolLM2 folder, else the packaged GGUF imported into a temporary one (removed at exit)."""
+    built = Path("models") / DEFAULT
+    if (built / "config.json").is_file():
+        return built
+    from scalelab.model.gguf import gguf_file, import_gguf
+
+    out = Path(stack.enter_context(tempfile.TemporaryDirectory())) / DEFAULT
+    import_gguf(gguf_file(DEFAULT), out)
+    return out
+
+
+def run(args, params, lm, docs) -> None:
+    ev, zs = params.evaluate, params.evaluate.zeroshot
     items = (zeroshot.continuation_items(docs, args.items, zs.choices, zs.context_chars, zs.seed)
              + zeroshot.cloze_items(docs, args.items, zs.choices, zs.context_chars, zs.seed))
     zeroshot.choice_scores(lm, items[:2], ev.batch_size)  # warm-up: allocator, lazy init
