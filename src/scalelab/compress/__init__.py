@@ -1,4 +1,4 @@
-"""The compression layer (METHODS §D): calibration statistics, SVD / ASVD / FWSVD / SVD-LLM / SigmaScale factors,
+"""Compression (docs/compression.md): calibration statistics, SVD / ASVD / FWSVD / SVD-LLM / SigmaScale factors,
 rank allocation, low-rank layers and checkpoints, effective rank, end-to-end refinement.
 
 Importing it registers the compressed-model classes with transformers' Auto classes (lowrank.py), so
@@ -13,10 +13,11 @@ from scalelab.compress.methods import Factors, asvd, fwsvd, layer_loss, plain_sv
 from scalelab.compress.rank import rank_for
 from scalelab.compress.shared import Calibration
 from scalelab.compress.sigmascale import sigmascale
+from scalelab.compress.store import Store
 
 __all__ = [
     "Calibration", "Factors", "LayerRecord", "LowRankLinear", "apply_factors", "asvd", "calibration_batches", "collect",
     "compress_model", "decoder_linears", "effective_rank", "fisher_rows", "fwsvd", "layer_loss", "num_params",
-    "participation_ratio", "plain_svd", "rank_for", "register_for", "save_lowrank", "sigmascale", "svd_llm",
+    "participation_ratio", "plain_svd", "rank_for", "register_for", "save_lowrank", "sigmascale", "Store", "svd_llm",
     "svd_llm_loss",
 ]

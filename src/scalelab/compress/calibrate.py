@@ -1,4 +1,4 @@
-"""Calibration statistics of every decoder linear map, streamed over calibration batches (METHODS §D).
+"""Calibration statistics of every decoder linear map, streamed over calibration batches.
 
 What each method needs from the inputs x (rows of X) of a map W, accumulated batch by batch so that memory depends on
 the layer widths, never on the token count:

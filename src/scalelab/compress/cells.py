@@ -1,4 +1,4 @@
-"""Every cell of one calibration seed: each method × kept fraction of the grid on one model (METHODS §D).
+"""Every cell of one calibration seed: each method × kept fraction of the grid on one model.
 
 Loads the model named in params (a pretrain cell's Hugging Face export or any Llama/Qwen3 causal LM), draws the
 calibration windows from the seed, calibrates once (shared.py) and measures the dense model once, then compresses a
@@ -23,7 +23,9 @@ from scalelab.compress.calibrate import calibration_batches, decoder_linears
 from scalelab.compress.compressor import LayerRecord, compress_model
 from scalelab.compress.data import Streams, from_shards, from_text
 from scalelab.compress.lowrank import num_params, save_lowrank
+from scalelab.compress.keys import digest
 from scalelab.compress.shared import Calibration
+from scalelab.compress.store import Store
 from scalelab.config.compress import CompressConfig
 from scalelab.data import DataError
 from scalelab.data.loader import val_batches
@@ -69,9 +71,24 @@ def measured(model: torch.nn.Module, batches) -> dict:
             "peak_memory_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None}
 
 
-def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike) -> list[tuple[dict, list[LayerRecord]]]:
+def allocation_metrics(records: list[LayerRecord], shared: Calibration, cfg: CompressConfig, kind: str) -> dict:
+    """What a cell's ranks were: their digest (equal digests: equal ranks on every map) and, for the sensitivity
+    allocation, what the probe cost and whether its table was read from the store."""
+    out = {"ranks_digest": digest({r.name: r.rank for r in records})[:16]}
+    info = shared.sensitivity_info.get((tuple(cfg.allocation.ratios), cfg.allocation.samples))
+    if kind == "sensitivity" and info is not None:
+        out |= {"sensitivity_seconds": info["seconds"], "sensitivity_stored": info["stored"],
+                "sensitivity_ratios": list(cfg.allocation.ratios), "sensitivity_samples": cfg.allocation.samples}
+    return out
+
+
+def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
+             store: str | os.PathLike | None = None) -> list[tuple[dict, list[LayerRecord]]]:
     """Every (method, kept fraction) cell of the grid at calibration seed `seed`; saved checkpoints (when
-    compress.save_models) go to `out_dir`/<cell>/model. Returns each cell's metrics and per-layer records."""
+    compress.save_models) go to `out_dir`/<cell>/model. Returns each cell's metrics and per-layer records.
+    `store` (default compress.store): the folder of reusable results (store.py)."""
+    store = store if store is not None else cfg.store
+    results_store = Store(store) if store is not None else None
     dev = device(cfg)
     placement.set_torch_threads(cfg.threads)
     location = cfg.source.location()
@@ -114,6 +131,7 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike) -> list
                 start = time.perf_counter()
                 records, refined = compress_model(student, shared, spec, keep, sigma_cfg=cfg.sigmascale,
                                                   allocation=cfg.allocation, refine_cfg=cfg.refine, seed=seed,
+                                                  store=results_store,
                                                   log_line=lambda s, name=name: log.info("%s: %s", name, s))
                 seconds = time.perf_counter() - start
                 after = measured(student, val)
@@ -138,8 +156,15 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike) -> list
                     "peak_memory_bytes": after["peak_memory_bytes"],
                     "peak_memory_bytes_dense": dense["peak_memory_bytes"],
                     "calib_tokens": cal.samples * cal.seq_len, "val_tokens": sum(y.numel() for _, y in val),
+                    **allocation_metrics(records, shared, cfg, spec.allocation or cfg.allocation.kind),
                     **({"sigmascale_maps": len(steps), "sigmascale_plateau": sum(s["stop"] in ("plateau", "rising") for s in steps),
-                        "sigmascale_steps_median": sorted(s["steps"] for s in steps)[len(steps) // 2]}
+                        "sigmascale_steps_median": sorted(s["steps"] for s in steps)[len(steps) // 2],
+                        "sigmascale_stop_rule": cfg.sigmascale.stop,
+                        "sigmascale_plateau_fired": sum(s.get("plateau_step") is not None for s in steps),
+                        "sigmascale_reused": sum(s.get("cache") == "hit" for s in steps),
+                        # the optimisation this process ran (maps read back from the store cost none here)
+                        "seconds_sigmascale_optimise": sum(s.get("seconds_optimise", 0.0) for s in steps
+                                                           if s.get("cache") != "hit")}
                        if steps else {}),
                     **refined,
                 }

@@ -1,4 +1,4 @@
-"""Spectrum concentration of a matrix (METHODS §D): effective rank and participation ratio of its singular values.
+"""Spectrum concentration of a matrix: effective rank and participation ratio of its singular values.
 
     erank(M) = exp(H(p)),  p = σ / Σσ,  H(p) = −Σ p log p        (Roy & Vetterli 2007)
     PR(M)    = (Σσ)² / Σσ²

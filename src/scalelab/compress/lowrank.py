@@ -3,7 +3,7 @@
 A compressed layer is `LowRankLinear`: y = L(Rx), two `nn.Linear` maps holding exactly k(m+n) weights (plus the
 original bias, on L). A compressed model is the original Hugging Face architecture with some linear maps swapped.
 
-On disk (METHODS §D, DESIGN "Exports"): `model.safetensors` (sharded for large models) with the factors as
+On disk: `model.safetensors` (sharded for large models) with the factors as
 `<layer>.left.weight` / `<layer>.right.weight`, and `config.json`: the base model's config with
 
     "model_type": "scalelab_lowrank_<base type>",  "scalelab_lowrank": {"<layer>": <rank>, ...}

@@ -1,4 +1,5 @@
-"""The closed-form baselines of METHODS §D, each a truncated SVD of a rescaled W, the scaling undone afterwards.
+"""SigmaScale's closed-form baselines (docs/compression.md), each a truncated SVD of a rescaled W, the scaling undone
+afterwards.
 
 For W ∈ R^{m×n} (out × in) and rank k, every method returns factors L ∈ R^{m×k}, R ∈ R^{k×n} with Ŵ = L·R:
 

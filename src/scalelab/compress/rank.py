@@ -1,4 +1,4 @@
-"""Ranks from a kept fraction (METHODS §D): uniform, or ASVD's sensitivity-based allocation.
+"""Ranks from a kept fraction: uniform, or ASVD's sensitivity-based allocation.
 
 A rank-k factorisation of an m×n map stores k(m+n) weights, so keeping a fraction ρ of its m·n weights gives
 

@@ -1,4 +1,4 @@
-"""End-to-end refinement of the low-rank factors (beyond the paper; METHODS §D, issue "Beyond the paper" (b)).
+"""End-to-end refinement of the low-rank factors (beyond the papers: docs/compression.md).
 
 SVD-LLM's factors are the exact optimum of each layer's own loss, taken on the uncompressed model's inputs. They are
 not the optimum of what matters downstream: errors compound through the blocks, and a layer's loss weighs every
@@ -8,7 +8,7 @@ only, to the uncompressed model (the teacher):
     logits   KL(p_teacher ‖ p_student) per token, averaged
     blocks   Σ_l ‖h_l − ĥ_l‖² / ‖h_l‖² over the decoder blocks' outputs (student run on its own inputs)
 
-Two things make the fit move at all (issue 18): the factors are optimised as float32 masters whatever the model's
+Two things make the fit move at all: the factors are optimised as float32 masters whatever the model's
 dtype (a bf16 entry of 0.01 has a resolution of 4e-5: AdamW steps of lr 1e-5 round away), cast back at the end; and
 each rank-one component is first balanced, ‖L_:i‖ = ‖R_i:‖ (L_:i·a, R_i:/a, the product unchanged): SVD-LLM's
 R·S⁻¹ with an un-normalised Gram leaves R tiny and L huge, so one learning rate fits neither.

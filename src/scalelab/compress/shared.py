@@ -1,9 +1,10 @@
-"""What every method and kept fraction share: the calibration of one model on one set of windows (METHODS §D).
+"""What every method and kept fraction share: the calibration of one model on one set of windows.
 
 The statistics of a map's inputs (C = Σ x xᵀ, Σ|x|), FWSVD's Fisher rows, SVD-LLM's whitened spectrum (the layer-wise
 optimum every method is compared with, at any rank) and the sensitivity table of the rank allocation depend on the
 model and the calibration windows only, never on the method or ρ: `Calibration` computes each once, on the
-uncompressed model, and every cell of a seed reads them.
+uncompressed model, and every cell of a seed reads them. The sensitivity table, the costliest of them, is also kept
+in a store (store.py) when one is given, so another process with the same model and windows reads it.
 
 Where they live: with `blocks_per_pass` 0 every map's statistics stay in memory (SmolLM2-135M: 30 blocks × (3·576² +
 1536²) float64 = 0.8 GB). With `blocks_per_pass` b > 0 each pass's statistics are written to `spill` (torch.save,
@@ -23,8 +24,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from scalelab.compress import methods
+from scalelab.compress import keys, methods, sensitivity
 from scalelab.compress.calibrate import Batch, Stats, collect, decoder_linears, eta, fisher_rows
+from scalelab.compress.store import Store
 from scalelab.runtime.log import Every
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class Calibration:
         self.fisher: dict[str, torch.Tensor] = fisher_rows(model, self.batches, names) if fisher else {}
         self.seconds = time.perf_counter() - start
         self._sensitivity: dict[tuple, dict[str, dict[float, float]]] = {}
+        self.sensitivity_info: dict[tuple, dict] = {}  # (ratios, samples) -> probe seconds, read from a store?
+        self._identity: dict | None = None
 
     def stats(self, i: int, device: torch.device | str = "cpu") -> dict[str, Stats]:
         """The statistics of pass `i`'s maps (maps reading the same input share one object)."""
@@ -86,37 +90,37 @@ class Calibration:
         m, n = self.shapes[name]
         return float((self.whitened[name][k:] ** 2).sum() / (m * n))
 
-    def sensitivity(self, model: nn.Module, ratios: Sequence[float], samples: int) -> dict[str, dict[float, float]]:
-        """ASVD's sensitivity table, once per (ratios, samples): calibration NLL on the first `samples` windows
-        with only one map truncated to each candidate fraction. The probe is plain SVD for every method, as in the
-        SigmaScale code (`SVDLinear.from_linear(..., act_aware=False)`): one allocation per model and ρ, whatever
-        the method, so methods are compared at equal ranks."""
-        key = (tuple(ratios), samples)
-        if key not in self._sensitivity:
-            from scalelab.compress.rank import rank_for
-            from scalelab.model.hf import mean_nll
+    def identity(self, model: nn.Module) -> dict:
+        """What this calibration's results depend on: the uncompressed model's weights and the calibration windows
+        (keys.py digests; the model is hashed once, on the first call, and `model` must still be uncompressed)."""
+        if self._identity is None:
+            self._identity = {"model": keys.model_fingerprint(model), "tokens": keys.tokens_fingerprint(self.batches)}
+        return self._identity
 
-            probe, left = [], samples
-            for x, y in self.batches:
-                if left > 0:
-                    probe.append((x[:left], y[:left]))
-                    left -= x.shape[0]
-            table: dict[str, dict[float, float]] = {}
-            with torch.no_grad():
-                base = mean_nll(model, probe)
-                start, every = time.perf_counter(), Every()
-                for j, name in enumerate(self.shapes):
-                    layer = model.get_submodule(name)
-                    dense = layer.weight.detach().clone()
-                    m, n = dense.shape
-                    u, s, vh = torch.linalg.svd(dense.double(), full_matrices=False)
-                    table[name] = {1.0: base}
-                    for r in ratios:
-                        if (k := rank_for(m, n, r)) is not None:
-                            layer.weight.copy_(((u[:, :k] * s[:k]) @ vh[:k]).to(dense.dtype))
-                            table[name][r] = mean_nll(model, probe)
-                    layer.weight.copy_(dense)
-                    if every():
-                        log.info("sensitivity: map %s", eta(j + 1, len(self.shapes), time.perf_counter() - start))
-            self._sensitivity[key] = table
-        return self._sensitivity[key]
+    def sensitivity(self, model: nn.Module, ratios: Sequence[float], samples: int,
+                    store: Store | None = None) -> dict[str, dict[float, float]]:
+        """The allocation's sensitivity table (sensitivity.py) on the first `samples` calibration windows, once per
+        (ratios, samples): from memory, else from `store` (a file another process wrote for the same model, windows
+        and candidates), else probed on `model` (uncompressed) and written to `store`. One table serves every
+        method and kept fraction of this calibration, so all of them get the same ranks."""
+        mem = (tuple(ratios), samples)
+        if mem not in self._sensitivity:
+            windows = sensitivity.probe_windows(self.batches, samples)
+            key = {"kind": "sensitivity", "version": keys.VERSION, "probe": "svd", "ratios": list(mem[0]),
+                   "model": self.identity(model)["model"], "windows": keys.tokens_fingerprint(windows)} \
+                if store is not None else None
+            stored = store.get_sensitivity(key) if store is not None else None
+            if stored is None:
+                t0 = time.perf_counter()
+                _, table = sensitivity.probe(model, windows, mem[0])
+                seconds = time.perf_counter() - t0
+                log.info("sensitivity table: %d maps × %d candidates in %.0f s", len(table), len(mem[0]) - 1, seconds)
+                if store is not None:
+                    store.put_sensitivity(key, table, seconds=seconds,
+                                          tokens=sum(x.numel() for x, _ in windows))
+                self.sensitivity_info[mem] = {"seconds": seconds, "stored": False}
+            else:
+                table, seconds = stored
+                self.sensitivity_info[mem] = {"seconds": seconds, "stored": True}
+            self._sensitivity[mem] = table
+        return self._sensitivity[mem]

@@ -1,10 +1,11 @@
-"""params section `compress`: SigmaScale and its SVD baselines on a causal LM (METHODS §D).
+"""params section `compress`: SigmaScale and its SVD baselines on a causal LM (docs/compression.md).
 
     compress:
       source: {cell: unified-m-base-0}          # or {path: <HF Llama/Qwen3 folder or hub id>, dtype: bfloat16}
       source_dep: data/pretrain/unified-m-base-0/model/hf   # what DVC tracks for `source` (checked to match)
       methods: {svd: {kind: svd}, sigmascale: {kind: sigmascale}, svd_llm_uniform: {kind: svd_llm, allocation: uniform}}
       grid: {methods: [svd, sigmascale], keep: [0.9, 0.75, 0.5], seeds: [0]}   # dvc.yaml's matrix
+      store: results/<study>/cells/compress      # reusable results (sensitivity tables, SigmaScale scalings); optional
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from scalelab.config.base import Fraction, NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
 from scalelab.config.source import NAME, ModelSource
@@ -21,13 +22,14 @@ Keep = Annotated[float, Field(gt=0, le=1)]
 
 
 class MethodConfig(Strict):
-    """One named compression method: a METHODS §D kind and its choices."""
+    """One named compression method: its kind (the factorization) and its choices."""
 
     kind: Literal["svd", "asvd", "fwsvd", "svd_llm", "sigmascale"]
     alpha: NonNegFloat = 0.5  # asvd: S = diag(mean|x|)^α
-    # sigmascale: `random` is the paper's d ~ N(0, (0.1·std W)²); `svd_llm` (beyond the paper) warm-starts the column
-    # scalings at the diagonal of SVD-LLM's whitening, d_c = ½·log(diag C / mean diag C), the rows at 0
-    init: Literal["random", "svd_llm"] = "random"
+    # sigmascale: `random` is the paper's d ~ N(0, (0.1·std W)²); beyond the paper, `svd_llm` warm-starts the column
+    # scalings at the diagonal of SVD-LLM's whitening, d_c = ½·log(diag C / mean diag C), and `asvd` at ASVD's,
+    # d_c = α·log(mean|x|) (α = this method's alpha), the rows at 0 for both
+    init: Literal["random", "svd_llm", "asvd"] = "random"
     # the rank allocation of this method's cells; None: compress.allocation.kind (a `uniform` twin is the ablation)
     allocation: Literal["uniform", "sensitivity"] | None = None
     # beyond the paper: after compression, fit the factors end to end to the uncompressed model on calibration data
@@ -41,8 +43,10 @@ class MethodConfig(Strict):
 
 
 class SigmaScaleConfig(Strict):
-    """SigmaScale's optimiser (METHODS §D): AdamW on the log-scales, full batch, step cap and the official code's
-    plateau stop (sigmascale.py: mean loss of the last `patience` steps against the `patience` before)."""
+    """SigmaScale's optimiser: AdamW on the log-scales, full batch, and one of two stopping rules
+    (sigmascale.py): `plateau`, the official rule (mean loss of the last `patience` steps against the `patience`
+    before) keeping the best scalings seen; or `fixed`, as the paper's runs go: `max_steps` steps, the last scalings
+    kept (the point where the plateau rule would have stopped is still recorded)."""
 
     lr: PosFloat = 5e-3
     weight_decay: NonNegFloat = 0.0  # the regulariser is λ in the loss; AdamW's own decay is off
@@ -51,6 +55,7 @@ class SigmaScaleConfig(Strict):
     max_steps: PosInt = 1000
     patience: PosInt = 50  # the official window: 50 steps
     tol: NonNegFloat = 1e-3  # relative improvement of the window mean below which the run has plateaued
+    stop: Literal["plateau", "fixed"] = "plateau"
 
 
 class CalibrationConfig(Strict):
@@ -64,18 +69,31 @@ class CalibrationConfig(Strict):
     max_text_tokens: PosInt = 2_000_000  # models with their own tokenizer: tokens read per split of data/prepared
 
 
+PAPER_RATIOS = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]  # the SigmaScale code's candidates, and dense
+
+
 class AllocationConfig(Strict):
-    """Per-layer ranks: `uniform` (k = ⌊ρ·m·n/(m+n)⌋ everywhere) or ASVD-style `sensitivity`."""
+    """Per-layer ranks: `uniform` (k = ⌊ρ·m·n/(m+n)⌋ everywhere) or ASVD-style `sensitivity` (rank.py), measured by
+    a plain-SVD probe of every map at every candidate kept fraction on the first `samples` calibration windows."""
 
     kind: Literal["uniform", "sensitivity"] = "uniform"
-    ratios: list[Keep] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]  # candidate kept fractions per layer
+    # candidate kept fractions per layer, increasing, 1.0 (dense) last; default: the paper's 0.2 ... 0.9 and dense
+    ratios: list[float] = PAPER_RATIOS
     samples: PosInt = 8  # calibration windows the sensitivity is measured on (a subset of the calibration set)
 
-    @model_validator(mode="after")
-    def _check(self) -> "AllocationConfig":
-        if 1.0 not in self.ratios:
-            raise ValueError("compress.allocation.ratios must contain 1.0 (a layer left dense)")
-        return self
+    @field_validator("ratios")
+    @classmethod
+    def _ratios(cls, r: list[float]) -> list[float]:
+        # the error's location names the key (compress.allocation.ratios); the message says what is wrong
+        if bad := [x for x in r if not 0 < x <= 1]:
+            raise ValueError(f"every candidate kept fraction must be in (0, 1], got {bad}")
+        if any(b <= a for a, b in zip(r, r[1:])):
+            raise ValueError(f"candidates must increase strictly (no repeats), got {r}")
+        if not r or r[-1] != 1.0:
+            raise ValueError(f"must end with 1.0 (a layer left dense), got {r}")
+        if len(r) < 2:
+            raise ValueError(f"needs at least one candidate below 1.0 to compress anything, got {r}")
+        return r
 
 
 class RefineConfig(Strict):
@@ -128,6 +146,11 @@ class CompressConfig(Strict):
     eval: EvalConfig = EvalConfig()
     claims_level: Fraction = 0.95  # of the t interval behind every verdict
     save_models: bool = False  # write every cell's checkpoint to data/compress/seed-<s>/<cell>/model
+    # A folder of reusable results (store.py): the sensitivity tables and every converged SigmaScale map's scalings,
+    # keyed by model, calibration windows and settings, so a later process, cell, slice or machine reads them instead
+    # of recomputing (a study commits it beside its cells). Where results are kept, never what they are: not a DVC
+    # param. None: nothing is kept between processes.
+    store: str | None = None
     grid: CompressGrid
 
     @model_validator(mode="after")

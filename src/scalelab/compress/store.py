@@ -1,0 +1,101 @@
+"""A folder of reusable compression results: sensitivity tables and converged SigmaScale scalings.
+
+Both are expensive (the probe: a forward pass per map and candidate; a map's scalings: up to 1000 eigendecompositions)
+and both depend only on inputs that keys.py names: so any process, cell, slice of a study or machine that needs one
+with the same key reads it instead of recomputing. A study commits the folder beside its cells.
+
+    <folder>/sensitivity/<key digest>.json          {"key", "table": {map: {ratio: NLL}}, "seconds", "tokens"}
+    <folder>/scalings/<context digest>/<map>.r<rank>.safetensors
+                                                    d_r, d_c (float32) + metadata {"key", "info"} (stop, steps, loss)
+
+A map's file is keyed by (map, rank) within its context: the model, the calibration windows, the seed and the
+SigmaScale settings. Every cell of a seed with the same settings shares one context folder, so a cell with another
+allocation or kept fraction reuses each map whose rank it shares. The full key is stored in each file and compared on
+reading: a file whose key differs is a miss, never a silent reuse. Writes go to a temporary name first and are then
+renamed, so a reader never sees half a file (two processes may write the same file: both write the same bytes).
+SmolLM2-135M: 210 maps, Σ(m+n) = 305k scalings, 1.2 MB of float32 per context and rank set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from scalelab.compress import keys
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class Store:
+    """The results folder at `folder` (created on first write); counts its hits, misses and writes."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.hits = self.misses = self.writes = 0
+
+    # ------------------------------------------------------------ sensitivity tables
+    def _sensitivity_path(self, key: dict) -> Path:
+        return self.folder / "sensitivity" / f"{keys.digest(key)[:20]}.json"
+
+    def get_sensitivity(self, key: dict) -> tuple[dict[str, dict[float, float]], float] | None:
+        """(table, seconds the probe took) stored under `key`, or None."""
+        path = self._sensitivity_path(key)
+        if not path.is_file():
+            self.misses += 1
+            return None
+        raw = json.loads(path.read_text())
+        if raw.get("key") != key:
+            self.misses += 1
+            return None
+        self.hits += 1
+        table = {name: {float(r): float(v) for r, v in row.items()} for name, row in raw["table"].items()}
+        return table, float(raw.get("seconds", 0.0))
+
+    def put_sensitivity(self, key: dict, table: dict[str, dict[float, float]], *, seconds: float, tokens: int) -> Path:
+        path = self._sensitivity_path(key)
+        body = {"key": key, "seconds": seconds, "tokens": tokens,
+                "table": {name: {repr(float(r)): v for r, v in sorted(row.items())} for name, row in table.items()}}
+        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(body, indent=1) + "\n"))
+        self.writes += 1
+        return path
+
+    # ------------------------------------------------------------ SigmaScale scalings
+    def scalings_path(self, context: dict, name: str, rank: int) -> Path:
+        return self.folder / "scalings" / keys.digest(context)[:20] / f"{name}.r{rank}.safetensors"
+
+    def get_scalings(self, context: dict, name: str, rank: int) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
+        """(d_r, d_c, info) of map `name` at `rank` in `context`, or None (counted as a miss)."""
+        from safetensors import safe_open
+
+        path = self.scalings_path(context, name, rank)
+        if not path.is_file():
+            self.misses += 1
+            return None
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if json.loads(meta.get("key", "null")) != {"context": context, "name": name, "rank": rank}:
+                self.misses += 1
+                return None
+            d_r, d_c = f.get_tensor("d_r"), f.get_tensor("d_c")
+        self.hits += 1
+        return d_r, d_c, json.loads(meta.get("info", "{}"))
+
+    def put_scalings(self, context: dict, name: str, rank: int, d_r: torch.Tensor, d_c: torch.Tensor,
+                     info: dict) -> Path:
+        from safetensors.torch import save_file
+
+        path = self.scalings_path(context, name, rank)
+        meta = {"key": json.dumps({"context": context, "name": name, "rank": rank}, sort_keys=True),
+                "info": json.dumps(info, sort_keys=True)}
+        tensors = {"d_r": d_r.detach().float().cpu().contiguous(), "d_c": d_c.detach().float().cpu().contiguous()}
+        _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+        self.writes += 1
+        return path
