@@ -15,7 +15,10 @@ from mutants import mutant, mutation_checks
 from scalelab.analysis import claims, studies
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-FOLDERS = [f for f in sorted(RESULTS.iterdir()) if (f / studies.STUDY).is_file()]
+STUDIES = [f for f in sorted(RESULTS.iterdir()) if (f / studies.STUDY).is_file()]
+# a study run in slices and not finished decides nothing: its ledger (if an older grid left one) is not read
+IN_PROGRESS = [f for f in STUDIES if json.loads((f / studies.STUDY).read_text()).get("cells_missing")]
+FOLDERS = [f for f in STUDIES if f not in IN_PROGRESS]
 VERDICTS = {claims.REPRODUCED, claims.CONTRADICTED, claims.INCONCLUSIVE, claims.UNTESTED, "observation"}
 
 
@@ -69,6 +72,23 @@ def test_no_entry_claims_more_than_its_premises_allow(folder):
             assert any(p["name"] == "budget" for p in e["premises"]), f"{e['id']}: a paper-regime claim, no budget"
         if verdict == claims.REPRODUCED:
             assert e["spread"] is not None and e["n_seeds"] >= 2, f"{e['id']}: reproduced without an interval"
+
+
+def test_a_study_in_progress_decides_nothing(tmp_path):
+    """A study whose grid still has cells without a result is read as having no ledger, whatever file lies there:
+    the decided table names it as in progress and takes none of its entries."""
+    folder = tmp_path / "results" / "half-done"
+    folder.mkdir(parents=True)
+    entry = claims.observation("x", "a claim", "loss", 1.0, 1, "none", regime=claims.regime("test"), why="a test")
+    claims.write_claims(folder / "claims_b.json", [entry])
+    meta = {"name": "half-done", "profile": "p", "seeds": [0], "commit": "c", "command": "scalelab study half-done",
+            "wall_time_s": 1.0, "ledger": "claims_b.json", "cells_missing": 3}
+    (folder / studies.STUDY).write_text(json.dumps(meta))
+    s = studies.read_study(folder)
+    assert s["entries"] is None and s["problem"].startswith("in progress: 3 cells")
+    assert "half-done: no ledger (in progress: 3 cells" in studies.decided_table(folder.parent)
+    (folder / studies.STUDY).write_text(json.dumps({**meta, "cells_missing": 0}))
+    assert studies.read_study(folder)["entries"] == [entry]
 
 
 def test_the_rule_applies_premises_before_the_interval():

@@ -20,7 +20,7 @@ from pathlib import Path
 import polars as pl
 
 from scalelab.analysis.optbench_claims import CONTROL, published
-from scalelab.analysis.optbench_data import Bench, finals, ok, run_size
+from scalelab.analysis.optbench_data import Bench, finals, ok, read_study, run_size
 from scalelab.analysis.speedup import fit_dof, per_seed, speedup_text, summarise
 from scalelab.optim import spec
 from scalelab.optim.protocol import at_edge, run_name
@@ -145,3 +145,9 @@ def plot(cells: dict, curves: dict, bench: Bench, curves_png: Path, lr_png: Path
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
+
+
+def study_table(cells_dir: Path) -> str:
+    """The leaderboard of a study run by `scalelab study`, from its committed cells (`cells_dir`: the study's
+    cells/ folder, as a README's generated block names it)."""
+    return markdown(table(*read_study(Path(cells_dir).parent)))

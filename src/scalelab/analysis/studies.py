@@ -45,6 +45,11 @@ def read_study(folder: Path) -> dict:
             raise ValueError(f"{STUDY} lacks {', '.join(missing)}")
         if not (m := LEDGER.fullmatch(str(meta["ledger"]))):
             raise ValueError(f"ledger {meta['ledger']!r} is not a path to claims_<a|b|c|d>.json")
+        if missing := meta.get("cells_missing"):  # a study run in slices, not finished: it decides nothing yet
+            return study | {k: meta[k] for k in STUDY_FIELDS} | {
+                "method": m.group(1),
+                "problem": f"in progress: {missing} cells of its grid without a result (`scalelab study {folder.name}` "
+                           "resumes it)"}
         entries = ledger_rules.read_claims(folder / meta["ledger"])
     except FileNotFoundError as e:
         return study | {"problem": f"{os.path.relpath(e.filename, folder)} absent"}

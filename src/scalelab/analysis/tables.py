@@ -45,3 +45,11 @@ def ledger_frame(entries: list[dict]) -> pl.DataFrame:
                           "published": "as above" if i and e["published"] == entries[i - 1]["published"]
                           else e["published"]} for i, e in enumerate(entries)],
                         schema={k: pl.Int64 if k == "seeds" else pl.String for k in cols})
+
+
+def ledger_markdown(entries: list[dict]) -> str:
+    """A study's whole ledger for its README: claim, effect beside the paper's, seeds and verdict (the verdict
+    names a failed premise); regimes and premises in full stay in the ledger file."""
+    df = ledger_frame(entries).select("claim", "effect ± spread", "paper", "seeds", "verdict")
+    rows = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    return "\n".join(rows + ["| " + " | ".join(_fmt(v).replace("|", "/") for v in r) + " |" for r in df.iter_rows()])

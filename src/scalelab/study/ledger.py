@@ -59,6 +59,9 @@ def update_study_json(spec: StudySpec, root: Path, statuses: list[cells.Status],
         meta["generator"] = spec.generator
     meta["spec"] = str(SPECS / f"{spec.name}.yaml")
     meta["cells"] = cells.INDEX
+    # the grid's cells without a result: while any is left the study decides nothing (its ledger is not rewritten,
+    # and readers treat an older one as no ledger)
+    meta["cells_missing"] = sum(s.state == cells.MISSING for s in statuses)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / STUDY_JSON
     tmp = path.with_name(f".{STUDY_JSON}.tmp")
