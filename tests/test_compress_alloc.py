@@ -100,15 +100,16 @@ def _compress(store, sigma=FAST, ranks=None, seed=0):
     return model, records
 
 
-def _counting(monkeypatch):
-    calls = {"optimise": 0}
-    real = compressor.optimise
+def _counting(monkeypatch, module=compressor, name="optimise"):
+    """Count the calls of `module.name` (the real function still runs): what a store saves."""
+    calls = {name: 0}
+    real = getattr(module, name)
 
     def counted(*a, **kw):
-        calls["optimise"] += 1
+        calls[name] += 1
         return real(*a, **kw)
 
-    monkeypatch.setattr(compressor, "optimise", counted)
+    monkeypatch.setattr(module, name, counted)
     return calls
 
 
@@ -195,14 +196,7 @@ def test_the_probe_from_a_blocks_recorded_input_equals_a_full_forward(arch):
 
 
 def test_the_sensitivity_table_is_read_from_the_store_by_a_later_process(tmp_path, monkeypatch):
-    calls = {"probe": 0}
-    real = sensitivity.probe
-
-    def counted(*a, **kw):
-        calls["probe"] += 1
-        return real(*a, **kw)
-
-    monkeypatch.setattr(sensitivity, "probe", counted)
+    calls = _counting(monkeypatch, sensitivity, "probe")
     ratios = [0.25, 0.5, 0.75, 1.0]
     model = tiny()
     first = Calibration(model, batches()).sensitivity(model, ratios, 4, Store(tmp_path))
