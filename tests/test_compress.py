@@ -619,24 +619,28 @@ def test_bad_compress_params_are_named():
         parse_params(raw)
 
 
-def _study(alloc_ranks: bool = True):
+def _study(alloc_ranks: bool = True, sigma_sens: float | None = None):
     """Cells and maps of a 3-seed grid whose orderings hold by construction: each method's val NLL, a SigmaScale
     that reached its plateau on every map, an SVD-LLM twin with the sensitivity allocation (off-uniform ranks where
-    `alloc_ranks`), a refined SVD-LLM, each layer's loss falling with its erank ratio (the claimed correlation)."""
+    `alloc_ranks`), a refined SVD-LLM, each layer's loss falling with its erank ratio (the claimed correlation);
+    with `sigma_sens`, a SigmaScale with the sensitivity allocation at that val NLL (the headline's side)."""
     from scalelab.compress.rank import rank_for
     from scalelab.config import CompressConfig
 
     nll = {"svd_llm": 4.0, "sigmascale": 4.1, "fwsvd": 4.2, "asvd": 4.3, "svd": 4.5, "svd_llm_e2e": 4.05,
            "svd_llm_sens": 3.9}
+    if sigma_sens is not None:
+        nll["sigmascale_sens"] = sigma_sens
+    sens = {"svd_llm_sens", "sigmascale_sens"}
     shapes = [(12, 8), (8, 8), (20, 8), (8, 20)]
     cells, layers = [], {}
     for method, value in nll.items():
         for seed in (0, 1, 2):
             v = value + 0.01 * seed + 0.002 * np.random.default_rng([seed, *map(ord, method)]).standard_normal()
             ranks = [rank_for(m, n, 0.5) for m, n in shapes]
-            if method == "svd_llm_sens" and alloc_ranks:
+            if method in sens and alloc_ranks:
                 ranks = [ranks[0] + 1, ranks[1] - 1, ranks[2], None]
-            cells.append({"method": method, "kind": method, "allocation": "sensitivity" if method == "svd_llm_sens"
+            cells.append({"method": method, "kind": method, "allocation": "sensitivity" if method in sens
                           else "uniform", "keep": 0.5, "seed": seed, "val_nll": v, "ppl": math.exp(v),
                           "val_nll_dense": 3.8, "ppl_dense": math.exp(3.8), "loss_rel_svd_llm": 1.0, "seconds": 1.0,
                           "linear_weights_kept": 0.49, "calib_tokens": 512, "params_dense": 10_000})
@@ -644,12 +648,12 @@ def _study(alloc_ranks: bool = True):
             layers[method, 0.5, seed] = [{"name": f"l{i}", "m": m, "n": n, "rank": k, "loss": r * (i + 1),
                                           "loss_rel_svd_llm": 1.0, "erank_before": 10.0, "erank_after": 10.0 * r,
                                           "seconds": 0.1, **({"steps": 300, "stop": "plateau", "best_over_init": 0.5}
-                                                             if method == "sigmascale" else {})}
+                                                             if method.startswith("sigmascale") else {})}
                                          for i, (r, (m, n), k) in enumerate(zip(ratio, shapes, ranks))]
-    cfg = CompressConfig.model_validate({"methods": {m: {"kind": "svd_llm" if m.startswith("svd_llm") else m,
+    cfg = CompressConfig.model_validate({"methods": {m: {"kind": "svd_llm" if m.startswith("svd_llm") else
+                                                         "sigmascale" if m.startswith("sigmascale") else m,
                                                          **({"refine": "blocks"} if m == "svd_llm_e2e" else {}),
-                                                         **({"allocation": "sensitivity"} if m == "svd_llm_sens"
-                                                            else {})}
+                                                         **({"allocation": "sensitivity"} if m in sens else {})}
                                                      for m in nll},
                                          "grid": {"methods": list(nll), "keep": [0.5], "seeds": [0, 1, 2]}})
     return cells, layers, cfg
@@ -738,6 +742,35 @@ def test_summary_claims_follow_the_measured_differences(tmp_path):
     summary.plot_ppl(summary.by_method(table), 50.0, tmp_path / "ppl.png")
     assert summary.plot_erank(layer_table, tmp_path / "erank.png") == pytest.approx(1.0)
     assert (tmp_path / "ppl.png").stat().st_size > 0 and (tmp_path / "erank.png").stat().st_size > 0
+
+
+def test_the_headline_is_sigmascale_with_its_allocation_against_svd_llm_as_published():
+    from scalelab.compress import ledger
+
+    def entries(**kw):
+        return {e["id"]: e for e in ledger.ledger(*_study(**kw))}
+
+    # 0.05 nats ahead of uniform SVD-LLM, 0.05 behind SVD-LLM with the same ranks
+    ahead = entries(sigma_sens=3.95)
+    head, equal = ahead["d.headline.sigmascale_sens.svd_llm@0.5"], ahead["d.order.svd_llm_sens.sigmascale_sens@0.5"]
+    assert head["effect"] == pytest.approx(0.05 + ledger.HEADLINE_MARGIN, abs=0.005) and head["verdict"] == "reproduced"
+    assert equal["effect"] == pytest.approx(0.05, abs=0.005) and equal["verdict"] == "reproduced"
+    names = {p["name"] for p in head["premises"]}
+    assert {"allocation differs from uniform", "SigmaScale converged", "same budget", "compression acted"} <= names
+    # level with SVD-LLM is competitive; clearly behind it by more than the margin contradicts the headline
+    assert entries(sigma_sens=4.0)["d.headline.sigmascale_sens.svd_llm@0.5"]["verdict"] == "reproduced"
+    behind = entries(sigma_sens=4.2)["d.headline.sigmascale_sens.svd_llm@0.5"]
+    assert behind["effect"] == pytest.approx(-0.2 + ledger.HEADLINE_MARGIN, abs=0.01)
+    assert behind["verdict"] == "contradicted"
+    # an allocation that left every rank at uniform's cannot carry the headline
+    same = entries(sigma_sens=3.95, alloc_ranks=False)["d.headline.sigmascale_sens.svd_llm@0.5"]
+    assert same["verdict"].startswith("untested (allocation differs from uniform: 0 of 12 maps")
+    # nor can a SigmaScale stopped by its cap
+    cells, layers, cfg = _study(sigma_sens=3.95)
+    for rec in layers["sigmascale_sens", 0.5, 0]:
+        rec.update(steps=20, stop="cap")
+    capped = {e["id"]: e for e in ledger.ledger(cells, layers, cfg)}["d.headline.sigmascale_sens.svd_llm@0.5"]
+    assert capped["verdict"].startswith("untested (SigmaScale converged: 8 of 12 maps")
 
 
 def test_committed_ledger_is_regenerated_from_its_cells():

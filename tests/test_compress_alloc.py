@@ -253,11 +253,23 @@ def test_sigmascale_sens_and_svd_llm_sens_get_the_same_ranks_from_one_table(tmp_
     assert calls["probe"] == 1 and ranks == [r.rank for r in rec_b] and a["ranks_digest"] == b["ranks_digest"]
     assert ranks != [rank_for(r.m, r.n, 0.5) for r in rec_a]  # the allocation acted: not the uniform ranks
     assert a["linear_weights_kept"] <= 0.5 and a["sensitivity_stored"] is False
-    # a later process (another slice of the study) reads the table: the same ranks again, no probe
-    [(c, rec_c)] = cells.run_seed(cfg.model_copy(update={"grid": cfg.grid.model_copy(
-        update={"methods": ["sigmascale_sens"]})}), 0, tmp_path / "out2")
+    # a later process (another slice of the study) evaluating on other windows reads the table and the converged
+    # maps: the same ranks again, no probe, no map optimised
+    other = cfg.model_copy(update={"grid": cfg.grid.model_copy(update={"methods": ["sigmascale_sens"]}),
+                                   "eval": cfg.eval.model_copy(update={"val_tokens": 128})})
+    [(c, rec_c)] = cells.run_seed(other, 0, tmp_path / "out2")
     assert calls["probe"] == 1 and [r.rank for r in rec_c] == ranks and c["sensitivity_stored"] is True
-    assert c["sigmascale_reused"] == c["sigmascale_maps"] and c["val_nll"] == b["val_nll"]
+    assert c["sigmascale_reused"] == c["sigmascale_maps"] and c["val_nll"] != b["val_nll"]
+    assert "part_stored" not in c
+    # and one that repeats a finished (method, ρ) part reads the part itself: nothing factorized or evaluated again
+    compressed = {"n": 0}
+    real_compress = cells.compress_model
+    monkeypatch.setattr(cells, "compress_model", lambda *a, **kw: compressed.__setitem__("n", compressed["n"] + 1)
+                        or real_compress(*a, **kw))
+    [(d, rec_d)] = cells.run_seed(other, 0, tmp_path / "out3")
+    assert compressed["n"] == 0 and d["part_stored"] is True
+    assert {k: v for k, v in d.items() if k != "part_stored"} == c and [r.to_json() for r in rec_d] == [
+        r.to_json() for r in rec_c]
 
 
 # ---------------------------------------------------------------- stopping

@@ -115,11 +115,15 @@ def test_every_decay_claim_is_decided_only_where_the_decay_moved_gamma_near_the_
 def test_every_committed_study_meets_the_study_contract():
     """A study folder with a study.json is read whole by the report (docs/workflow.md "Committed studies"): its
     fields, its ledger in the claims format, seeds as a list, the method's letter in the ledger's name. Folders still
-    without a study.json are listed by the report as "no ledger" and skipped here."""
+    without a study.json are listed by the report as "no ledger" and skipped here; a study still being run in slices
+    (`cells_missing`) has no ledger yet and says so."""
     folders = [f for f in sorted(STUDY.parent.iterdir()) if (f / studies.STUDY).is_file()]
     assert STUDY in folders
     for folder in folders:
         s = studies.read_study(folder)
+        if json.loads((folder / studies.STUDY).read_text()).get("cells_missing"):
+            assert s["entries"] is None and s["problem"].startswith("in progress: "), folder.name
+            continue
         assert s["problem"] is None, f"{folder.name}: {s['problem']}"
         assert s["name"] == folder.name and isinstance(s["seeds"], list) and s["entries"], folder.name
         assert isinstance(s["wall_time_s"], (int, float)) and re.fullmatch(r"[0-9a-f]{7,40}", s["commit"]), folder.name

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -226,6 +227,50 @@ def test_the_gate_refuses_a_cell_that_would_end_past_the_budget(tmp_path, monkey
     assert list(gate.started(path)) == ["pretrain@x"] and mark["machine"]["threads"] == "2"
     gate.write(path, None, {"pretrain@x": 50.0}, stop=True)
     assert "stopping" in gate.admit("pretrain@x")
+
+
+def test_a_store_is_set_in_the_params_linked_into_the_workspace_and_exempts_its_cells_from_costs(project, tmp_path):
+    from scalelab.study import run, workspace
+
+    path = project / "configs" / "studies" / "stored.yaml"
+    store = "store:\n  param: compress.store\n  stages: [pretrain]\n"
+    for text, needle in [(SPEC + store.replace("[pretrain]", "[tokenize]"), "store.stages: tokenize not in the grid"),
+                         (SPEC + store.replace("param: compress.store", "param: store"), "store.param"),
+                         (SPEC.replace("params:\n", "params:\n  compress.store: x\n") + store,
+                          "params.compress.store: set by store.param")]:
+        path.write_text(text)
+        with pytest.raises(spec.SpecError) as err:
+            spec.load(project, "stored")
+        assert needle in str(err.value) and "\n" not in str(err.value), err.value
+    path.write_text(SPEC + store + "estimate_s: {pretrain: 60}\n")
+    try:
+        study = spec.load(project, "stored")
+        assert study.resumable("pretrain") and not study.resumable("tokenize")
+        assert study.store_folder() == Path("results/stored/store")
+        grid.write_params(study, project, tmp_path / "params.yaml")
+        assert yaml_load(tmp_path / "params.yaml")["compress"]["store"] == "results/stored/store"
+        # the workspace sees the project's store at the same relative path: what a cell writes there is committed
+        ws = workspace.Workspace(project, "stored")
+        ws.link(study.store_folder())
+        ws.link(study.store_folder())  # again: a no-op
+        (ws.path / study.store_folder() / "piece.json").write_text("{}")
+        assert (project / "results" / "stored" / "store" / "piece.json").is_file()
+        g = grid.plan_grid(study, project)
+        pending = {c.address: c for c in g.cells}
+        est = costs.Estimator.of(study.estimate_s, [])
+        assert set(run.gate_costs(study, est, pending).values()) == {None}  # no cost to refuse them on
+        plain = spec.load(project, "micro")
+        assert set(run.gate_costs(plain, costs.Estimator.of({"pretrain": 60}, []), pending).values()) == {60}
+    finally:
+        path.unlink()
+        shutil.rmtree(project / "results" / "stored", ignore_errors=True)
+        shutil.rmtree(project / ".dvc" / "tmp" / "studies" / "stored", ignore_errors=True)
+
+
+def yaml_load(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
 
 
 def test_costs_eta_and_what_a_budget_starts():

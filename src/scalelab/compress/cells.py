@@ -23,6 +23,7 @@ from scalelab.compress.calibrate import calibration_batches, decoder_linears
 from scalelab.compress.compressor import LayerRecord, compress_model
 from scalelab.compress.data import Streams, from_shards, from_text
 from scalelab.compress.lowrank import num_params, save_lowrank
+from scalelab.compress import keys
 from scalelab.compress.keys import digest
 from scalelab.compress.shared import Calibration
 from scalelab.compress.store import Store
@@ -82,6 +83,18 @@ def allocation_metrics(records: list[LayerRecord], shared: Calibration, cfg: Com
     return out
 
 
+def part_key(cfg: CompressConfig, method: str, keep: float, seed: int, identity: dict, val_tokens: str) -> dict:
+    """Everything one (method, ρ) part of a seed's cell depends on (store.py's parts): the model and calibration
+    windows (`identity`), the evaluation windows, the method and the settings it reads."""
+    spec = cfg.methods[method]
+    kind = spec.allocation or cfg.allocation.kind
+    return {"kind": "part", "version": keys.VERSION, **identity, "val": val_tokens, "seed": seed, "keep": keep,
+            "method": spec.model_dump(mode="json"), "eval": cfg.eval.model_dump(mode="json"),
+            "sigmascale": cfg.sigmascale.model_dump(mode="json") if spec.kind == "sigmascale" else None,
+            "allocation": cfg.allocation.model_dump(mode="json") if kind == "sensitivity" and keep < 1 else None,
+            "refine": cfg.refine.model_dump(mode="json") if spec.refine != "none" else None}
+
+
 def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
              store: str | os.PathLike | None = None) -> list[tuple[dict, list[LayerRecord]]]:
     """Every (method, kept fraction) cell of the grid at calibration seed `seed`; saved checkpoints (when
@@ -127,6 +140,16 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
             spec = cfg.methods[method]
             for keep in cfg.grid.keep:
                 name = cfg.cell(method, str(keep), seed)
+                # a part a stopped slice of this cell finished is read back, not recomputed (not when its model is
+                # to be saved: the store keeps numbers, never checkpoints)
+                key = None if results_store is None or cfg.save_models else \
+                    part_key(cfg, method, keep, seed, shared.identity(model), keys.tokens_fingerprint(val))
+                if key is not None and (hit := results_store.get_part(key)) is not None:
+                    metrics, rows = hit
+                    log.info("%s: read back from the store (ppl %.3f)", name, metrics["ppl"])
+                    results.append(({**metrics, "cell": name, "source": location, "part_stored": True},
+                                    [LayerRecord.from_json(r) for r in rows]))
+                    continue
                 student = copy.deepcopy(model)
                 start = time.perf_counter()
                 records, refined = compress_model(student, shared, spec, keep, sigma_cfg=cfg.sigmascale,
@@ -169,6 +192,8 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
                     **refined,
                 }
                 log.info("%s: ppl %.3f (dense %.3f), %.1f s", name, metrics["ppl"], metrics["ppl_dense"], seconds)
+                if key is not None:
+                    results_store.put_part(key, metrics, [r.to_json() for r in records])
                 results.append((metrics, records))
                 del student
         return results

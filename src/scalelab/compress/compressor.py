@@ -19,7 +19,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import nn
@@ -57,6 +57,12 @@ class LayerRecord:
     pr_after: float
     seconds: float
     info: dict
+
+    @classmethod
+    def from_json(cls, row: dict) -> "LayerRecord":
+        """The record `to_json` wrote (the method's own numbers back in `info`)."""
+        own = {f.name for f in fields(cls)} - {"info"}
+        return cls(**{k: row[k] for k in own}, info={k: v for k, v in row.items() if k not in own})
 
     def to_json(self) -> dict:
         """Flat: the method's own numbers (SigmaScale's steps and stop, SVD-LLM's jitter) beside the common fields."""

@@ -1,15 +1,18 @@
-"""A folder of reusable compression results: sensitivity tables and converged SigmaScale scalings.
+"""A folder of reusable compression results: sensitivity tables, converged SigmaScale scalings, finished cell parts.
 
-Both are expensive (the probe: a forward pass per map and candidate; a map's scalings: up to 1000 eigendecompositions)
-and both depend only on inputs that keys.py names: so any process, cell, slice of a study or machine that needs one
+Each is expensive (the probe: a forward pass per map and candidate; a map's scalings: up to 1000 eigendecompositions;
+a part: its factorization and an evaluation) and each depends only on inputs that keys.py names: so any process, cell, slice of a study or machine that needs one
 with the same key reads it instead of recomputing. A study commits the folder beside its cells.
 
     <folder>/sensitivity/<key digest>.json          {"key", "table": {map: {ratio: NLL}}, "seconds", "tokens"}
+    <folder>/parts/<key digest>.json                {"key", "metrics", "maps"}: one (method, ρ) part of a seed's cell
     <folder>/scalings/<context digest>/<map>.r<rank>.safetensors
                                                     d_r, d_c (float32) + metadata {"key", "info"} (stop, steps, loss)
 
-A map's file is keyed by (map, rank) within its context: the model, the calibration windows, the seed and the
-SigmaScale settings. Every cell of a seed with the same settings shares one context folder, so a cell with another
+A part is what a seed's cell computed for one method and kept fraction (its metrics and per-map rows), keyed by the
+model, the calibration and evaluation windows and the settings it read: a cell stopped by a study's deadline and run
+again skips the parts it finished. A map's file is keyed by (map, rank) within its context: the model, the
+calibration windows, the seed and the SigmaScale settings. Every cell of a seed with the same settings shares one context folder, so a cell with another
 allocation or kept fraction reuses each map whose rank it shares. The full key is stored in each file and compared on
 reading: a file whose key differs is a miss, never a silent reuse. Writes go to a temporary name first and are then
 renamed, so a reader never sees half a file (two processes may write the same file: both write the same bytes).
@@ -64,6 +67,27 @@ class Store:
         body = {"key": key, "seconds": seconds, "tokens": tokens,
                 "table": {name: {repr(float(r)): v for r, v in sorted(row.items())} for name, row in table.items()}}
         _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(body, indent=1) + "\n"))
+        self.writes += 1
+        return path
+
+    # ------------------------------------------------------------ finished parts of a cell
+    def _part_path(self, key: dict) -> Path:
+        return self.folder / "parts" / f"{keys.digest(key)[:20]}.json"
+
+    def get_part(self, key: dict) -> tuple[dict, list[dict]] | None:
+        """(metrics, per-map rows) of a (method, ρ) part of a seed's cell stored under `key`, or None."""
+        path = self._part_path(key)
+        raw = json.loads(path.read_text()) if path.is_file() else None
+        if raw is None or raw.get("key") != key:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return raw["metrics"], raw["maps"]
+
+    def put_part(self, key: dict, metrics: dict, maps: list[dict]) -> Path:
+        path = self._part_path(key)
+        body = json.dumps({"key": key, "metrics": metrics, "maps": maps}, indent=None, default=float) + "\n"
+        _atomic_write(path, lambda tmp: tmp.write_text(body))
         self.writes += 1
         return path
 

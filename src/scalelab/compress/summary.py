@@ -24,18 +24,21 @@ PLATEAU = ("plateau", "rising")  # SigmaScale's stops by the official plateau ru
 AT_PLATEAU = pl.col("stop").is_in(PLATEAU) | ((pl.col("stop") == "fixed") & pl.col("plateau_step").is_not_null())
 
 
-def load(root: Path, cfg: CompressConfig) -> tuple[list[dict], dict[tuple[str, float, int], list[dict]]]:
-    """Every cell of the grid (metrics/compress/seed-<s>.json under `root`) and its maps (plots/compress/...), keyed
-    (method, keep, seed)."""
+def load(root: Path, cfg: CompressConfig, metrics: Mapping[str, Path] | None = None,
+         plots: Mapping[str, Path] | None = None) -> tuple[list[dict], dict[tuple[str, float, int], list[dict]]]:
+    """Every cell of the grid (metrics/compress/seed-<s>.json under `root`, or `metrics` by file name: a study's
+    committed cells) and its maps (plots/compress/..., or `plots`), keyed (method, keep, seed)."""
     grid, root = cfg.grid, Path(root)
-    files = {s: root / "metrics/compress" / f"seed-{s}.json" for s in grid.seeds}
+    metrics, plots = metrics or {}, plots or {}
+    files = {s: metrics.get(f"seed-{s}.json", root / "metrics/compress" / f"seed-{s}.json") for s in grid.seeds}
     if missing := [str(f) for f in files.values() if not f.is_file()]:
         raise DataError(f"compress seeds not run yet: {missing} (run the compress stage)")
     by_name = {c["cell"]: c for f in files.values() for c in json.loads(f.read_text())["cells"]}
     names = {(m, float(k), s): cfg.cell(m, str(k), s) for m in grid.methods for k in grid.keep for s in grid.seeds}
     if missing := [n for n in names.values() if n not in by_name]:
         raise DataError(f"compress cells missing from their seed's metrics: {missing} (rerun the compress stage)")
-    plots = {s: json.loads((root / "plots/compress" / f"seed-{s}.json").read_text()) for s in grid.seeds}
+    plots = {s: json.loads(Path(plots.get(f"seed-{s}.json", root / "plots/compress" / f"seed-{s}.json")).read_text())
+             for s in grid.seeds}
     if missing := [n for (_, _, s), n in names.items() if n not in plots[s]]:
         raise DataError(f"compress cells missing from their seed's maps (plots/compress): {missing}")
     return [by_name[n] for n in names.values()], {key: plots[key[2]][n] for key, n in names.items()}

@@ -114,15 +114,18 @@ def write_params(spec: StudySpec, root: Path, target: Path) -> None:
     if inline := machine.machine_keys_in(raw):
         raise SpecError(f"study {spec.name}: profile {spec.profile} holds machine settings inline "
                         f"({', '.join(inline)}): `scalelab profile --migrate` moves them to its machine: section")
-    for dotted, value in spec.params.items():
+    overrides = {f"params.{k}": (k, v) for k, v in spec.params.items()}
+    if spec.store is not None:  # the project-relative folder: the same path in the project and (linked) the workspace
+        overrides["store.param"] = (spec.store.param, str(spec.store_folder()))
+    for where, (dotted, value) in overrides.items():
         node, parts = raw, dotted.split(".")
         for i, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {}) if isinstance(node, dict) else None
             if not isinstance(node, dict):
-                raise SpecError(f"study {spec.name}: params.{dotted}: {'.'.join(parts[:i + 1])} is not a "
+                raise SpecError(f"study {spec.name}: {where}: {'.'.join(parts[:i + 1])} is not a "
                                 f"section of {spec.profile}")
         node[parts[-1]] = value
-    if spec.params:
+    if overrides:
         text = f"# {spec.profile} with the study's params (configs/studies/{spec.name}.yaml)\n"
         text += yaml.safe_dump(raw, sort_keys=False)
     local = machine.read_machine(machine.machine_path(target))

@@ -15,6 +15,10 @@ then running (a cell killed on this machine resumes from its checkpoint); a fres
 runs only the others. Then the cells index, study.json, the README's generated parts and, once every cell of the
 grid has a result, the ledger are rewritten.
 
+A cell longer than a slice (a stage the spec's `store` names) keeps its finished parts in results/<name>/store as it
+goes: it starts whenever time is left, the deadline stops it, and the next run, here or on a fresh clone holding the
+committed store, redoes only the parts not yet there.
+
 Ctrl-C once: no new cell starts, the running ones finish and are kept; twice: the running ones are stopped too.
 """
 
@@ -50,6 +54,12 @@ def _git(root: Path, *args: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def gate_costs(study: spec.StudySpec, est: Estimator, pending: dict[str, grid.Cell]) -> dict[str, float | None]:
+    """What the gate refuses cells on: each one's estimated seconds; None for a cell that keeps its progress in the
+    study's store (it starts whenever time is left, and the deadline stops it)."""
+    return {a: None if study.resumable(c.stage) else est.cost(c).seconds for a, c in pending.items()}
+
+
 class Run:
     """One invocation: the grid as resolved in the workspace, and the cells it persists as they finish."""
 
@@ -63,6 +73,7 @@ class Run:
         dirty = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *paths).splitlines()
         self.dirty_files = [line[3:].strip() for line in dirty if line.strip()]
         self.persisted: list[str] = []
+        self.paused: list[str] = []  # resumable cells stopped at the deadline
         self.interrupts = 0
 
     def dirty(self, cell: grid.Cell) -> bool | None:
@@ -118,7 +129,7 @@ class Run:
         started_dir = gate.started_dir(self.ws.gate)
         for old in started_dir.glob("*.json") if started_dir.is_dir() else ():
             old.unlink()
-        costs = lambda: {a: self.est.cost(c).seconds for a, c in pending.items()}  # noqa: E731
+        costs = lambda: gate_costs(self.study, self.est, pending)  # noqa: E731
         gate.write(self.ws.gate, deadline, costs())
         cmd = [sys.executable, str(self.ws.path / "flows" / "pipeline.py")]
         cmd += [f"--target={t}" for t in self.targets(todo)]
@@ -171,6 +182,14 @@ class Run:
                             log(f"start  {a} ({self.est.cost(pending[a])})")
                     if ended:
                         break
+                    if (deadline is not None and time.time() >= deadline and not self.paused
+                            and (running := [a for a in pending if a in marks])
+                            and all(self.study.resumable(pending[a].stage) for a in running)):
+                        self.paused = running  # what they finished is in the store: the next run goes on from it
+                        gate.write(self.ws.gate, deadline, costs(), stop=True)
+                        proc.send_signal(signal.SIGTERM)
+                        log(f"time budget spent: stopping {', '.join(running)}; their finished parts are kept in "
+                            f"{self.study.store_folder()} and the next run goes on from there")
                     time.sleep(POLL_S)
             finally:
                 for s, handler in previous.items():
@@ -190,6 +209,8 @@ def execute(study: spec.StudySpec, root: Path, args, log=print) -> int:
     results = study.folder(root)
     with ws.locked():
         copied = ws.sync()
+        if study.store is not None:
+            ws.link(study.store_folder())
         grid.write_params(study, root, ws.path / grid.PARAMS_FILE)
         g = grid.resolve(study, ws.path, ws.path)
         cells.cleanup(results)
@@ -214,7 +235,10 @@ def execute(study: spec.StudySpec, root: Path, args, log=print) -> int:
         code, marks = (run.flow(todo, deadline, args.runner, args.address, log) if todo else (0, {}))
         left = [s.cell.address for s in todo if s.cell.address not in run.persisted]
         refused = [a for a in left if a not in marks]
-        failed = [a for a in left if a in marks]
+        failed = [a for a in left if a in marks and a not in run.paused]
+        if run.paused:
+            log(f"paused at the time budget: {', '.join(run.paused)} (`scalelab study {study.name}` resumes them from "
+                f"{study.store_folder()}; commit it with the cells)")
         if refused:
             why = "stopped" if run.interrupts else "time budget" if deadline else "the flow stopped first"
             log(f"not started: {plural(len(refused), 'cell')} ({why}); `scalelab study {study.name}` resumes them")
@@ -236,7 +260,7 @@ def execute(study: spec.StudySpec, root: Path, args, log=print) -> int:
             f"skipped {len(sel.done)}, stale kept {len(sel.stale)}, "
             f"left {len(left)}; {readme.relative_to(root)}, {(results / cells.INDEX).relative_to(root)} "
             f"({duration(time.time() - started)})")
-    return 130 if run.interrupts else 1 if code or failed else 0
+    return 130 if run.interrupts else 1 if failed or (code and not run.paused) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

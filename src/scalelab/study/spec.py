@@ -12,6 +12,9 @@
     ledger: metrics/claims_a.json          # where the ledger goes, relative to the results folder
     results: results/cpu-study             # default results/<name>
     estimate_s: {pretrain: 60}             # optional: a cell's cost before any cell of its stage was measured
+    store:                                 # optional: partial results that cells longer than a slice write as they go
+      param: compress.store                #   the params key naming the folder: set to results/<name>/store
+      stages: [compress]                   #   the cells that resume from it (a slice stops them at its deadline)
 
 Validated on load: unknown keys, wrong types and a missing profile fail with one line naming the key.
 """
@@ -51,6 +54,13 @@ class GridEntry(_Strict):
         return v
 
 
+class StoreEntry(_Strict):
+    """A folder of partial results (compress/store.py) committed with the cells: a cell of `stages` writes each piece
+    (a converged map) the moment it has it and reads back what is there, so a slice may stop it mid-cell."""
+    param: str = Field(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+$")
+    stages: tuple[Name, ...] = Field(min_length=1)
+
+
 class StudySpec(_Strict):
     profile: Path
     params: dict[str, Any] = Field(default_factory=dict)
@@ -60,6 +70,7 @@ class StudySpec(_Strict):
     ledger: str | None = None
     results: Path | None = None
     estimate_s: dict[Name, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    store: StoreEntry | None = None
     name: Name = ""                                # set from the file name by `load`
 
     @field_validator("generator")
@@ -81,11 +92,23 @@ class StudySpec(_Strict):
     def _ledger_with_generator(self):
         if (self.generator is None) != (self.ledger is None):
             raise ValueError("generator and ledger go together (the generator's entries are written to the ledger)")
+        if self.store is not None and self.store.param in self.params:
+            raise ValueError(f"params.{self.store.param}: set by store.param (to the study's store folder)")
+        if self.store is not None and (stray := set(self.store.stages) - {g.stage for g in self.grid}):
+            raise ValueError(f"store.stages: {', '.join(sorted(stray))} not in the grid")
         return self
+
+    def resumable(self, stage: str) -> bool:
+        """Whether `stage`'s cells keep their progress in the store: a slice may stop them at its deadline."""
+        return self.store is not None and stage in self.store.stages
 
     def folder(self, root: Path) -> Path:
         """The results folder, results/<name> unless the spec names another."""
         return root / (self.results or Path("results") / self.name)
+
+    def store_folder(self) -> Path | None:
+        """The store, relative to the project root (the value store.param is set to): <results folder>/store."""
+        return None if self.store is None else (self.results or Path("results") / self.name) / "store"
 
 
 def spec_path(root: Path, name: str) -> Path:
@@ -138,5 +161,5 @@ def _format(err: ValidationError) -> str:
 
 
 def _fields(loc: tuple) -> list[str]:
-    model = GridEntry if loc and loc[0] == "grid" else StudySpec
+    model = GridEntry if loc and loc[0] == "grid" else StoreEntry if loc and loc[0] == "store" else StudySpec
     return [f for f in model.model_fields if f != "name"]

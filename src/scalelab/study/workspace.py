@@ -107,6 +107,20 @@ class Workspace:
         manifest.write_text(json.dumps(files))
         return changed
 
+    def link(self, rel: Path) -> None:
+        """The project's folder `rel` (created) seen at the same relative path in the workspace, as a symlink: what
+        the cells write there (a study's store) lands in the project's copy, committed with the cells."""
+        target, at = self.root / rel, self.path / rel
+        target.mkdir(parents=True, exist_ok=True)
+        if at.is_symlink() and at.resolve() == target.resolve():
+            return
+        if at.is_symlink() or at.is_file():
+            at.unlink()
+        elif at.is_dir():
+            shutil.rmtree(at)
+        at.parent.mkdir(parents=True, exist_ok=True)
+        at.symlink_to(target.resolve(), target_is_directory=True)
+
     def env(self, extra: dict[str, str]) -> dict[str, str]:
         """The flow's environment: this process's (the project's MLflow store, Prefect home, caches), the workspace
         as the project root, its copy of the library first on the import path, this interpreter first on PATH."""
