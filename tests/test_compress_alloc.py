@@ -270,6 +270,13 @@ def test_sigmascale_sens_and_svd_llm_sens_get_the_same_ranks_from_one_table(tmp_
     assert compressed["n"] == 0 and d["part_stored"] is True
     assert {k: v for k, v in d.items() if k != "part_stored"} == c and [r.to_json() for r in rec_d] == [
         r.to_json() for r in rec_c]
+    # what the store holds, as the study's README lists it
+    from scalelab.compress.store import progress
+
+    held = progress(tmp_path / "store").splitlines()
+    assert held[0].startswith("- sensitivity tables: 1 (") and held[1] == (
+        "- finished parts: sigmascale_sens at ρ 0.5 (seed 0 ×2); svd_llm_sens at ρ 0.5 (seed 0)")  # two windows
+    assert held[2] == f"- converged SigmaScale maps: seed 0, stop {FAST.stop}: {c['sigmascale_maps']}", held
 
 
 # ---------------------------------------------------------------- stopping

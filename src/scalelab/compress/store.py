@@ -123,3 +123,33 @@ class Store:
         _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
         self.writes += 1
         return path
+
+
+def progress(folder: str | os.PathLike) -> str:
+    """What a store holds, as a study's README shows it (a generated block): its sensitivity tables, its finished
+    (method, ρ) parts by seed, and its converged SigmaScale maps by seed and stopping rule."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    tables = sorted((folder / "sensitivity").glob("*.json"))
+    seconds = [json.loads(p.read_text()).get("seconds", 0.0) for p in tables]
+    parts: dict[str, list[int]] = {}
+    for p in sorted((folder / "parts").glob("*.json")):
+        m = json.loads(p.read_text())["metrics"]
+        parts.setdefault(f"{m['method']} at ρ {m['keep']:g}", []).append(m["seed"])
+    maps: dict[tuple[int, str], int] = {}
+    for ctx in sorted(d for d in (folder / "scalings").glob("*") if d.is_dir()):
+        files = sorted(ctx.glob("*.safetensors"))
+        if files:
+            with safe_open(str(files[0]), framework="pt") as f:
+                context = json.loads((f.metadata() or {})["key"])["context"]
+            at = (context["seed"], context["settings"]["stop"])
+            maps[at] = maps.get(at, 0) + len(files)
+    def seeds(v: list[int]) -> str:
+        return ", ".join(f"{s}" + (f" ×{v.count(s)}" if v.count(s) > 1 else "") for s in sorted(set(v)))
+
+    lines = [f"- sensitivity tables: {len(tables)}" + (f" ({sum(seconds) / 60:.1f} min of probing)" if tables else ""),
+             "- finished parts: " + ("; ".join(f"{k} (seed {seeds(v)})" for k, v in sorted(parts.items())) or "none"),
+             "- converged SigmaScale maps: " + ("; ".join(f"seed {s}, stop {rule}: {n}"
+                                                          for (s, rule), n in sorted(maps.items())) or "none")]
+    return "\n".join(lines)
