@@ -175,7 +175,8 @@ def prefect_db(tmp_path_factory):
 @pytest.fixture(scope="session")
 def prefect_harness(prefect_db):
     """One temporary Prefect server for every flow test of the run (started slowly on a busy machine), on a copy
-    of the migrated database: the harness keeps its database in a folder of its own from `mkdtemp`."""
+    of the migrated database: the harness keeps its database in a folder of its own from `mkdtemp`. Yields that
+    database's path (what a dashboard over the flow runs of the tests reads a copy of)."""
     from prefect.testing import utilities
 
     folder = Path(tempfile.mkdtemp(dir=_STATE))
@@ -183,4 +184,4 @@ def prefect_harness(prefect_db):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(utilities, "mkdtemp", lambda: str(folder))
         with utilities.prefect_test_harness(server_startup_timeout=180):
-            yield
+            yield folder / "prefect-test.db"

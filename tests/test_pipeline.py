@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import networkx as nx
 import pytest
@@ -82,6 +83,72 @@ def test_the_flow_builds_every_stage_once_then_nothing(built):
 
     assert "up to date" in _run(DVC + ["status"], ws, env)
     assert "Running stage" not in _run(DVC + ["repro"], ws, env)  # a plain `dvc repro` agrees: nothing to do
+
+
+def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers_compare(built, prefect_harness,
+                                                                                         tmp_path):
+    """`make ui`'s two servers over this module's real flow run (every stage of dvc.yaml on the micro profile): the
+    MLflow parent run with its pretrain cells and the saved view's columns (variant, size, seed, validation loss),
+    their validation-loss curves, and the Prefect flow run with its task graph, each seen in headless Chromium. These
+    are the README's screenshots (SCALELAB_DOCS_SCREENSHOTS=1 copies them to docs/img/)."""
+    import sqlite3
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+    from test_ui import SHOTS, _browser, _docs_screenshot, _free_ports, _json, _wait_text
+
+    from scalelab.tracking import dashboard, ui
+
+    ws, env, state = built
+    browser = _browser()
+    home = tmp_path / "prefect"
+    home.mkdir()
+    with sqlite3.connect(prefect_harness) as src, sqlite3.connect(home / "prefect.db") as dst:
+        src.backup(dst)  # a consistent copy while the harness's server still runs
+    servers_env = {"MLFLOW_TRACKING_URI": env["MLFLOW_TRACKING_URI"], "PREFECT_HOME": str(home)}
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    try:
+        with ui.servers(*_free_ports(2), env=servers_env, log_dir=tmp_path, timeout=240) as urls:
+            api = f"{urls['mlflow']}/api/2.0/mlflow"
+            exp = _json(f"{api}/experiments/get-by-name?experiment_name=scalelab-test")["experiment"]
+            runs = _json(f"{api}/runs/search", {"experiment_ids": [exp["experiment_id"]], "max_results": 500})["runs"]
+            (parent,) = [r for r in runs if r["info"]["run_name"].startswith("pipeline ")]
+            assert any(r["info"]["run_name"] == "pretrain@unified-c-0" for r in runs)
+            browser.set_window_size(1920, 1000)
+            browser.get(dashboard.view_url(urls["mlflow"], exp["experiment_id"]))
+            _wait_text(browser, "Training runs", parent["info"]["run_name"])
+            search = browser.find_element(By.CSS_SELECTOR, "input[placeholder*='metrics.rmse']")
+            search.send_keys("attributes.run_name LIKE 'pretrain@%'" + Keys.ENTER)  # the training cells
+            for label in ("Close", "Toggle sidebar"):  # the assistant panel and the sidebar would cover the columns
+                for button in browser.find_elements(By.XPATH, f"//button[@aria-label='{label}']"):
+                    button.click()
+            browser.find_element(By.CSS_SELECTOR, "[col-id='attributes.`Run Name`'] button").click()  # expand
+            _wait_text(browser, "cell.variant", "cell.size", "cell.seed", "val/loss", "unified-c-base-0")
+            browser.save_screenshot(str(SHOTS / "pipeline_mlflow_runs.png"))
+            _docs_screenshot("pipeline_mlflow_runs.png", "mlflow.png")
+            # the same cells' validation loss, one curve each (the chart view, its charts narrowed to val/loss)
+            browser.execute_script("arguments[0].click()",
+                                   browser.find_element(By.XPATH, "//input[@type='radio' and @value='CHART']"))
+            browser.find_element(By.CSS_SELECTOR, "input[placeholder='Search metric charts']").send_keys("val/loss")
+            WebDriverWait(browser, 90).until(lambda b: b.find_elements(By.CSS_SELECTOR, ".js-plotly-plot svg.main-svg"))
+            _wait_text(browser, "val (1)", "(val/loss)")
+            browser.save_screenshot(str(SHOTS / "pipeline_mlflow_chart.png"))
+            _docs_screenshot("pipeline_mlflow_chart.png", "mlflow-chart.png")
+
+            papi = f"{urls['prefect']}/api"
+            flow_run = _json(f"{papi}/flow_runs/{state.state_details.flow_run_id}")
+            tasks = _json(f"{papi}/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}},
+                                                       "limit": 200})
+            assert {r["stage"] for r in state.result()} <= {t["name"] for t in tasks}  # a task per stage cell
+            browser.get(f"{urls['prefect']}/runs/flow-run/{flow_run['id']}")
+            _wait_text(browser, flow_run["name"], "Completed")
+            WebDriverWait(browser, 90).until(lambda b: b.find_elements(By.CSS_SELECTOR, "canvas"))  # the graph
+            time.sleep(3)  # its nodes are drawn on the canvas after it appears
+            browser.save_screenshot(str(SHOTS / "pipeline_prefect_flow_run.png"))
+            _docs_screenshot("pipeline_prefect_flow_run.png", "prefect.png")
+    finally:
+        browser.quit()
 
 
 def test_changing_one_variant_reruns_only_its_cells(built):

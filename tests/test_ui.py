@@ -172,7 +172,6 @@ def test_mlflow_lists_the_parent_run_with_its_children_and_draws_a_metric(dashbo
     browser.find_element(By.CSS_SELECTOR, "[col-id='attributes.`Run Name`'] button").click()  # expand the parent
     _wait_text(browser, *[f"\n{s}\n" for s in STAGES])
     browser.save_screenshot(str(SHOTS / "mlflow_runs.png"))
-    _docs_screenshot("mlflow_runs.png", "mlflow.png")
     child = children[0]["info"]["run_id"]
     browser.get(f"{urls['mlflow']}/#/experiments/{exp['experiment_id']}/runs/{child}/model-metrics")
     from selenium.webdriver.support.ui import WebDriverWait
@@ -200,7 +199,6 @@ def test_prefect_shows_the_deployment_and_the_last_flow_run_with_a_task_per_stag
     browser.get(f"{urls['prefect']}/runs/flow-run/{flow_run['id']}")
     _wait_text(browser, flow_run["name"], "Completed")
     browser.save_screenshot(str(SHOTS / "prefect_flow_run.png"))
-    _docs_screenshot("prefect_flow_run.png", "prefect.png")
     browser.get(f"{urls['prefect']}/runs?tab=task-runs")
     _wait_text(browser, *STAGES)
     browser.save_screenshot(str(SHOTS / "prefect_task_runs.png"))
