@@ -6,6 +6,7 @@ params reruns only its cells (the invariants of a concurrent run, on the real st
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -89,8 +90,9 @@ def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers
                                                                                          tmp_path):
     """`make ui`'s two servers over this module's real flow run (every stage of dvc.yaml on the micro profile): the
     MLflow parent run with its pretrain cells and the saved view's columns (variant, size, seed, validation loss),
-    their validation-loss curves, and the Prefect flow run with its task graph, each seen in headless Chromium. These
-    are the README's screenshots (SCALELAB_DOCS_SCREENSHOTS=1 copies them to docs/img/)."""
+    their validation-loss curves, and the Prefect flow run with its task graph and artifacts and the nightly
+    deployment, each seen in headless Chromium (REST checks through both servers' APIs). These are the README's
+    screenshots (SCALELAB_DOCS_SCREENSHOTS=1 copies them to docs/img/)."""
     import sqlite3
 
     from selenium.webdriver.common.by import By
@@ -113,8 +115,15 @@ def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers
             api = f"{urls['mlflow']}/api/2.0/mlflow"
             exp = _json(f"{api}/experiments/get-by-name?experiment_name=scalelab-test")["experiment"]
             runs = _json(f"{api}/runs/search", {"experiment_ids": [exp["experiment_id"]], "max_results": 500})["runs"]
+            tags = {t["key"]: t["value"] for t in exp["tags"]}
+            assert tags["mlflow.experimentKind"] == "custom_model_development"  # opens on the training runs
             (parent,) = [r for r in runs if r["info"]["run_name"].startswith("pipeline ")]
-            assert any(r["info"]["run_name"] == "pretrain@unified-c-0" for r in runs)
+            children = [r for r in runs if {"key": "mlflow.parentRunId", "value": parent["info"]["run_id"]}
+                        in r["data"]["tags"]]
+            cells = {r["stage"] for r in state.result() if r["stage"].startswith(("pretrain@", "evaluate@"))}
+            assert cells and cells <= {r["info"]["run_name"] for r in children}  # a child run per cell
+            cell = next(r for r in children if r["info"]["run_name"] == "pretrain@unified-c-0")
+            assert {"key": "mlflow.source.name", "value": "stages/pretrain.py"} in cell["data"]["tags"]
             browser.set_window_size(1920, 1000)
             browser.get(dashboard.view_url(urls["mlflow"], exp["experiment_id"]))
             _wait_text(browser, "Training runs", parent["info"]["run_name"])
@@ -132,15 +141,28 @@ def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers
                                    browser.find_element(By.XPATH, "//input[@type='radio' and @value='CHART']"))
             browser.find_element(By.CSS_SELECTOR, "input[placeholder='Search metric charts']").send_keys("val/loss")
             WebDriverWait(browser, 90).until(lambda b: b.find_elements(By.CSS_SELECTOR, ".js-plotly-plot svg.main-svg"))
-            _wait_text(browser, "val (1)", "(val/loss)")
+            _wait_text(browser, "(val/loss)")  # a legend entry: a curve of the cells drawn
             browser.save_screenshot(str(SHOTS / "pipeline_mlflow_chart.png"))
             _docs_screenshot("pipeline_mlflow_chart.png", "mlflow-chart.png")
 
             papi = f"{urls['prefect']}/api"
             flow_run = _json(f"{papi}/flow_runs/{state.state_details.flow_run_id}")
+            assert flow_run["state_type"] == "COMPLETED"
             tasks = _json(f"{papi}/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}},
                                                        "limit": 200})
             assert {r["stage"] for r in state.result()} <= {t["name"] for t in tasks}  # a task per stage cell
+            artifacts = _json(f"{papi}/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
+            assert {a["key"]: a["type"] for a in artifacts} == {"scalelab-pipeline": "markdown",
+                                                                "scalelab-report": "markdown"}
+            # the nightly deployment `make serve` keeps, as the Prefect UI lists it
+            deploy = ("import sys; sys.path.insert(0, 'flows'); from pipeline import pipeline; "
+                      "pipeline.to_deployment(name='scalelab-nightly', cron='0 3 * * *').apply()")
+            subprocess.run([sys.executable, "-c", deploy], cwd=ROOT, check=True, capture_output=True, timeout=300,
+                           env={**os.environ, **servers_env, "PREFECT_API_URL": f"{papi}"})
+            assert [d["name"] for d in _json(f"{papi}/deployments/filter", {})] == ["scalelab-nightly"]
+            browser.get(f"{urls['prefect']}/deployments")
+            _wait_text(browser, "scalelab-nightly")
+            browser.save_screenshot(str(SHOTS / "pipeline_prefect_deployments.png"))
             browser.get(f"{urls['prefect']}/runs/flow-run/{flow_run['id']}")
             _wait_text(browser, flow_run["name"], "Completed")
             WebDriverWait(browser, 90).until(lambda b: b.find_elements(By.CSS_SELECTOR, "canvas"))  # the graph
