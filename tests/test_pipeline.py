@@ -173,6 +173,27 @@ def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers
         browser.quit()
 
 
+def test_a_study_of_hidden_decoding_cells_is_decided_as_the_summary_stage_decides_the_pipelines(built, tmp_path):
+    """The generator of a `scalelab study` of hidden_decoding cells (scalelab.analysis.hidden_decoding:study) reads
+    each cell's files where the study keeps them (results/<name>/cells/<cell>/) and writes the ledger the summary
+    stage wrote from the same files in this flow run."""
+    import shutil
+
+    from scalelab.analysis import claims, hidden_decoding
+
+    ws, _, _ = built
+    folder = tmp_path / "hd-study"
+    for metrics in sorted((ws / "metrics" / "hidden_decoding").glob("*.json")):
+        name = metrics.stem
+        files = {f"metrics/hidden_decoding/{name}.json": "-", f"plots/hidden_decoding/{name}.csv": "-"}
+        for rel in files:
+            (folder / "cells" / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ws / rel, folder / "cells" / name / rel)
+        (folder / "cells" / name / "cell.json").write_text(json.dumps({"files": files}))
+    shutil.copyfile(ws / "params.yaml", folder / "params.yaml")
+    assert hidden_decoding.study(folder) == claims.read_claims(ws / "metrics" / "claims_c.json")
+
+
 def test_changing_one_variant_reruns_only_its_cells(built):
     """One variant's params edited: the main command reruns exactly that variant's cells and the stages downstream of
     them (by the DAG), and the params check; every other stage is up to date."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,13 +48,15 @@ def roles(hd: HiddenDecodingConfig) -> dict[str, dict[int, str]]:
     return out
 
 
-def collect(metrics_dir: str | Path, hd: HiddenDecodingConfig) -> dict[str, dict[int, dict]]:
-    """{cell: {seed: metrics}} from metrics/hidden_decoding/<cell>-<seed>.json of the current grid; a missing file
-    is an error naming it (files of cells no longer in the grid are ignored)."""
+def collect(metrics: str | Path | Mapping[str, Path], hd: HiddenDecodingConfig) -> dict[str, dict[int, dict]]:
+    """{cell: {seed: metrics}} from metrics/hidden_decoding/<cell>-<seed>.json of the current grid (`metrics`: that
+    folder, or a study's committed files by name); a missing file is an error naming it (files of cells no longer in
+    the grid are ignored)."""
     out: dict[str, dict[int, dict]] = {}
     for cell in hd.grid:
         for seed in hd.seeds:
-            path = Path(metrics_dir) / f"{cell}-{seed}.json"
+            name = f"{cell}-{seed}.json"
+            path = Path(metrics.get(name, name) if isinstance(metrics, Mapping) else Path(metrics) / name)
             if not path.is_file():
                 raise ValueError(f"{path}: missing; run the hidden_decoding stage of this cell first")
             m = json.loads(path.read_text())
@@ -215,6 +217,19 @@ def write_csv(path: str | Path, rows: list[dict]) -> None:
         w.writeheader()
         w.writerows([{k: "" if v is None else v for k, v in r.items()} for r in rows])
     tmp.replace(path)
+
+
+def study(folder: str | Path) -> list[dict]:
+    """The ledger of a study of `hidden_decoding` stage cells run by `scalelab study` (its spec's generator): its
+    params.yaml and committed cells, decided as the summary stage decides the pipeline's own."""
+    from scalelab.analysis.studies import cell_files
+    from scalelab.config import load_params
+
+    hd = load_params(Path(folder) / "params.yaml").hidden_decoding
+    cells = collect(cell_files(Path(folder), "metrics/hidden_decoding", ".json"), hd)
+    plots = cell_files(Path(folder), "plots/hidden_decoding", ".csv")
+    val = {cell: {seed: read_curve(plots[f"{cell}-{seed}.csv"]) for seed in by_seed} for cell, by_seed in cells.items()}
+    return claims(comparisons(cells, hd), Setting(hd, cells, curves=val), hd.claims.sfa_fraction, hd.claims.level)
 
 
 def read_curve(path: str | Path) -> list[tuple[float, float]]:
