@@ -27,6 +27,32 @@ for key, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORM
     os.environ.setdefault(key, value)
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def assert_same_ledger(regenerated: list[dict], committed: list[dict]) -> None:
+    """A ledger regenerated today equals the committed one: the same entries in order, every field equal, floats to
+    1e-9 relative (curve fits and t intervals move in the last digits with the BLAS and thread count), and the
+    regenerated values as JSON holds them (tuples as lists, numpy scalars as floats)."""
+    import json
+
+    def close(a, b, path):
+        if isinstance(a, dict):
+            assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {sorted(a)} != {sorted(b)}"
+            for k in a:
+                close(a[k], b[k], f"{path}.{k}")
+        elif isinstance(a, list):
+            assert isinstance(b, list) and len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
+            for i, (x, y) in enumerate(zip(a, b)):
+                close(x, y, f"{path}[{i}]")
+        elif isinstance(a, float) and not isinstance(b, bool):
+            assert b == pytest.approx(a, rel=1e-9, abs=1e-12, nan_ok=True), path
+        else:
+            assert a == b, f"{path}: {a!r} != {b!r}"
+
+    regenerated = json.loads(json.dumps(regenerated, default=float))
+    assert [e["id"] for e in regenerated] == [e["id"] for e in committed]
+    for new, old in zip(regenerated, committed):
+        close(new, old, new["id"])
 MICRO = ROOT / "tests" / "micro_params.yaml"
 
 # Every process a test starts inherits this variable (one name per test process: each xdist worker, each nested

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
-
+from conftest import assert_same_ledger
 from mutants import mutant, mutation_checks
 from scalelab.analysis import claims, studies
 
@@ -22,25 +22,6 @@ FOLDERS = [f for f in STUDIES if f not in IN_PROGRESS]
 VERDICTS = {claims.REPRODUCED, claims.CONTRADICTED, claims.INCONCLUSIVE, claims.UNTESTED, "observation"}
 
 
-def _plain(x):
-    return json.loads(json.dumps(x))  # tuples -> lists, as the committed JSON holds them
-
-
-def _close(a, b, path=""):
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {sorted(a)} != {sorted(b)}"
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and not isinstance(b, bool):
-        assert b == pytest.approx(a, rel=1e-9, abs=1e-12, nan_ok=True), path
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
-
-
 def _ledger(folder: Path) -> list[dict]:
     meta = json.loads((folder / studies.STUDY).read_text())
     return claims.read_claims(folder / meta["ledger"])
@@ -48,11 +29,7 @@ def _ledger(folder: Path) -> list[dict]:
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
 def test_the_committed_ledger_is_what_todays_code_derives_from_the_committed_cells(folder):
-    regenerated = _plain(studies.regenerate(folder))
-    committed = _ledger(folder)
-    assert [e["id"] for e in regenerated] == [e["id"] for e in committed]
-    for new, old in zip(regenerated, committed):
-        _close(new, old, new["id"])
+    assert_same_ledger(studies.regenerate(folder), _ledger(folder))
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
