@@ -1,5 +1,6 @@
-"""The claims ledger of the scale-vector study, built from the pretrain cells (or the γ weight-decay dose runs) by the
-rule of scalelab.analysis.claims; each entry's regime and premises come from scalelab.analysis.premises_a.
+"""The claims ledger of the scale-vector study, built from the pretrain cells by the rule of scalelab.analysis.claims;
+each entry's regime and premises come from scalelab.analysis.premises_a (the γ weight-decay dose-response's claims:
+scalelab.analysis.dose_a).
 
 Every ordering claim compares two variants of one recipe, paired by seed (cells of one seed see the same batches):
 for each seed, the loss difference at every size of the recipe that both variants have, averaged over those sizes,
@@ -20,7 +21,6 @@ The paper's numbers are not quoted, so `published` quotes its stated ordering ("
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from scalelab.config import Params
 from scalelab.analysis import claims, premises_a, scaling, studies
 from scalelab.analysis.claims import NO_VARIANCE, claim, interval_claim, no_seed_variance, t_interval
 from scalelab.analysis.powerlaw import Fit, fit_power_law
-from scalelab.analysis.premises_a import Cells, dose_table  # dose_table: the dose study reads its table here
+from scalelab.analysis.premises_a import Cells
 from scalelab.analysis.scaling import seed_matrix
 
 SOURCE = "arXiv 2605.26895; the paper states orderings, no effect sizes"
@@ -235,50 +235,6 @@ def recipe_table(entries: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def dose_claims(rows: list[dict], params: Params, level: float = 0.95) -> list[dict]:
-    """The wd_in / wd_out claims from a dose-response (decay on one kind of γ at several multiples of the matrices'
-    rate, dose 0 being no decay on γ), each decided at one dose: the lowest whose premises all hold; where none does,
-    the lowest that moved γ (its failed premises say why it is untested); where none moved γ, the dose whose per-step
-    pull is nearest the paper's. Premises per dose: γ moved (the decayed kind's own mean), the per-step pull, and on
-    input-norm γ the final norm. wd_in helps: loss₀ − loss_d > 0; wd_out hurts: loss_d − loss₀ > 0, paired by seed."""
-    sizes = sorted({r["size"] for r in rows})
-    if len(sizes) != 1:
-        raise ValueError(f"dose runs of sizes {sizes}: the dose claims compare one size")
-    size, steps = sizes[0], params.pretrain.total_steps()
-    zero = {r["seed"]: r for r in rows if r["arm"] == "standard"}
-    cfg = params.resolve_model(size, "standard", vocab_size=params.tokenizer.vocab_size, recipe="base")
-    reg = premises_a.budget_regime(params, *premises_a.dense_counts(cfg))
-    entries = []
-    for arm, key, sign in (("wd_in", "wd_in_helps", 1), ("wd_out", "wd_out_hurts", -1)):
-        kind, col = premises_a.DOSE_KINDS[arm]
-        runs = {}
-        for r in rows:
-            if r["arm"] == arm and r["seed"] in zero:
-                runs.setdefault(r["dose"], []).append((zero[r["seed"]], r))
-        if not runs:
-            continue
-        pull = {d: premises_a.scale_pull(params, "base", d) for d in runs}
-        for d, pairs in runs.items():
-            if any("lr_wd_T" in r and not math.isclose(r["lr_wd_T"], pull[d] * steps, rel_tol=1e-6) for _, r in pairs):
-                raise ValueError(f"{arm} at dose {d:g}: the runs' λ·η·T differs from the params' {pull[d] * steps:g}")
-        checks = {d: [premises_a.moved_premise([a[col] - b[col] for a, b in pairs], level, f"the mean {kind}-norm γ"),
-                      premises_a.pull_premise(pull[d], steps)]
-                  + ([premises_a.final_norm_premise(params.model.variants[arm], "the runs")] if kind == "input" else [])
-                  for d, pairs in runs.items()}
-        ok = [d for d in runs if not claims.failed(checks[d])]
-        moved = [d for d in runs if checks[d][0]["passed"]]
-        nearest = min(runs, key=lambda d: abs(math.log(pull[d] / premises_a.PAPER_PULL)) if pull[d] > 0 else math.inf)
-        dose = min(ok) if ok else min(moved) if moved else nearest
-        why = ("the lowest dose whose premises hold" if ok else "the lowest dose that moves γ" if moved
-               else "no dose moves γ: the dose nearest the paper's per-step pull")
-        text = LABELS[key].replace("standard", "no decay on γ")
-        entries.append(claim(f"dose.{key}", f"{text}, at {dose:g}x the matrices' decay ({why})",
-                             f"final val loss, paired by seed, decay on γ at {dose:g}x vs none, size {size}",
-                             [sign * (a["val_loss"] - b["val_loss"]) for a, b in runs[dose]], PUB_WD, level,
-                             regime=reg, premises=checks[dose]))
-    return entries
-
-
 # ---------------------------------------------------------------- the committed studies' ledgers, re-derived
 def cpu_study(folder: Path) -> list[dict]:
     """The ledger of a committed grid study (results/cpu-study): its committed cells' metrics (metrics/pretrain/<cell>
@@ -288,12 +244,3 @@ def cpu_study(folder: Path) -> list[dict]:
     metrics = studies.cell_files(folder, "metrics/pretrain", ".json")
     cells = scaling.collect(metrics, scaling.grid_cells(params.pretrain.grid))
     return ledger(cells, scaling.fit_all(cells, params.scaling), params)
-
-
-def gamma_wd_dose(folder: Path) -> list[dict]:
-    """The ledger of a committed γ weight-decay dose-response (results/gamma-wd-dose): its runs (runs.jsonl, one JSON
-    row per run) under its own params.yaml, by today's code."""
-    folder = Path(folder)
-    params = premises_a.study_params(folder)
-    rows = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
-    return dose_claims(rows, params, params.scaling.level)

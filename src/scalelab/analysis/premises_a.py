@@ -1,6 +1,7 @@
-"""What the scale-vector claims (scalelab.analysis.claims_a) rest on besides their loss differences: the cells indexed
-for paired lookups (loss, sharpness, γ), the γ weight-decay dose table, each entry's regime beside the paper's, and the
-measured premises that make a claim testable (`claims.premise`; a failed one makes the entry "untested").
+"""What the scale-vector claims (scalelab.analysis.claims_a, and the dose-response's, scalelab.analysis.dose_a) rest on
+besides their loss differences: the cells indexed for paired lookups (loss, sharpness, γ), each entry's regime beside
+the paper's, and the measured premises that make a claim testable (`claims.premise`; a failed one makes the entry
+"untested").
 
 Premises of the scale-vector claims:
 - **γ moved** (weight-decay claims): the decay moved the γ it acts on, as the paired shrinkage of mean γ against the
@@ -9,8 +10,10 @@ Premises of the scale-vector claims:
   within `PULL_FACTOR` of the paper's. The pull sets the balance between the decay and the gradient that restores γ;
   a run that reaches a shrinkage in few steps at a pull many times the paper's is a different treatment.
 - **final norm** (decay on input-norm γ): the decayed input-norm γ include the final norm's, the LM head's input,
-  whose decay scales the logits directly; the paper's claim speaks of γ that precondition the next matrix, and no
-  committed cell records the final γ apart, so a run that decays it cannot separate the two.
+  whose decay scales the logits directly; the paper's claim speaks of γ that precondition the next matrix. Where the
+  cells record the final γ's mean apart (`gamma_final_mean`, train/callbacks.py `kind_means`), γ moved is read on the
+  other input-norm γ and the final γ's own shrinkage is stated beside it; where they record one mean of every input
+  γ, a run that decays the final γ cannot separate the two.
 - **γ left init** (claims about γ's structure): the treated model's γ moved away from its init (every variant computes
   the standard model's function at init, so an untrained γ is no treatment), as the mean within-vector spread of γ.
 """
@@ -188,14 +191,21 @@ def moved_premise(diffs: list[float], level: float, what: str, note: str = "") -
                           f"{GAMMA_MOVES}")
 
 
-def final_norm_premise(scale: ScaleConfig, source: str) -> dict:
-    """Passes only where the treatment leaves the final γ undecayed: where it is decayed no committed record holds
-    it apart (`source` says what is recorded instead)."""
+def final_norm_premise(scale: ScaleConfig, source: str, apart: list[float] | None = None,
+                       level: float = 0.95) -> dict:
+    """Passes where the treatment leaves the final γ undecayed, or where `source` records its mean apart (`apart`: the
+    per-seed shrinkage of the final γ's mean against no decay on γ), so that γ moved reads the other input-norm γ
+    and this premise states the final γ's own shrinkage; fails where it is decayed and no mean of it is apart."""
     decayed = scale.scales and scale.wd_input_scales
-    return claims.premise("final norm", f"decayed, no mean of it apart in {source}" if decayed else "not decayed",
-                          not decayed,
-                          "the LM head's input γ not decayed (its decay scales the logits directly, which the claim "
-                          "does not speak of)")
+    need = "the LM head's input γ not decayed (its decay scales the logits directly, which the claim does not speak of)"
+    if not decayed or apart is None:
+        return claims.premise("final norm", f"decayed, no mean of it apart in {source}" if decayed else "not decayed",
+                              not decayed, need)
+    ci = claims.t_interval(apart, level) if apart else None
+    shrunk = (f"{ci[0]:.4f} [{ci[1]:.4f}, {ci[2]:.4f}]" if ci else f"{apart[0]:.4f} (1 seed)" if apart
+              else "not recorded")
+    return claims.premise("final norm", f"decayed, measured apart in {source}: its mean shrank {shrunk}", bool(apart),
+                          need[:-1] + "), or its mean recorded apart, γ moved then read on the other input-norm γ")
 
 
 def cells_moved(cells: Cells, params: Params, recipe: str, treated: str, sizes: list[str], level: float) -> dict:
@@ -219,32 +229,3 @@ def cells_moved(cells: Cells, params: Params, recipe: str, treated: str, sizes: 
             f"{', '.join(sorted({f'{k}/{n}' for k, n in shares.values()}))})" if every else "")
     return moved_premise(cells.per_seed(recipe, decayed, sizes), level, "the decayed γ's mean (the cells' mean of "
                          "every γ vector over the decayed share, the undecayed taken as unchanged)", note)
-
-
-# The weight-decay claims at a dose: per decayed kind, its arm and the runs' column of that kind's mean γ
-DOSE_KINDS = {"wd_in": ("input", "gamma_in"), "wd_out": ("output", "gamma_out")}
-
-
-def dose_table(rows: list[dict], level: float = 0.95) -> list[dict]:
-    """Per decayed kind (`arm` wd_in / wd_out) and dose (decay on those γ as a multiple of the matrices'), paired by
-    seed against dose 0 (arm "standard": no decay on γ): the shrinkage of that kind's mean γ (γ̄₀ − γ̄_d), the loss
-    gain (loss₀ − loss_d, positive: the decay helps) and the sharpness drop (log λ₀ − log λ_d); each the mean over
-    seeds with its t-interval half-width (`*_spread`, None for one seed). `rows`: one dict per run with arm, dose,
-    seed, val_loss, gamma_in, gamma_out, sharpness (None: not converged)."""
-    zero = {r["seed"]: r for r in rows if r["arm"] == "standard"}
-    out = []
-    for arm, (kind, col) in DOSE_KINDS.items():
-        for dose in sorted({r["dose"] for r in rows if r["arm"] == arm}):
-            mine = [(zero[r["seed"]], r) for r in rows if r["arm"] == arm and r["dose"] == dose and r["seed"] in zero]
-            entry = {"arm": arm, "kind": kind, "dose": dose, "n_seeds": len(mine)}
-            for name, diff in (("shrinkage", lambda a, b: a[col] - b[col]),
-                               ("loss_gain", lambda a, b: a["val_loss"] - b["val_loss"]),
-                               ("sharpness_drop", lambda a, b: math.log(a["sharpness"]) - math.log(b["sharpness"])
-                                if a["sharpness"] and b["sharpness"] and a["sharpness"] > 0 and b["sharpness"] > 0
-                                else None)):
-                vals = [v for a, b in mine if (v := diff(a, b)) is not None]
-                ci = claims.t_interval(vals, level)
-                entry[name] = statistics.fmean(vals) if vals else None
-                entry[f"{name}_spread"] = None if ci is None else ci[2] - ci[0]
-            out.append(entry)
-    return out

@@ -18,9 +18,12 @@ import time
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint
+from torch import nn
 
 from scalelab.data import write_json_atomic
+from scalelab.model.norm import Scale
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +156,8 @@ class Validation(Callback):
 
 
 class GammaStats(Callback):
-    """Per-layer statistics of every effective γ (the scale-vector diagnostics) every `every` steps and at the end."""
+    """Per-layer statistics of every effective γ (the scale-vector diagnostics) every `every` steps and at the end,
+    and the mean γ of each scale kind (`kind_means`): what weight decay on one kind moves (docs/scale-vectors.md)."""
 
     def __init__(self, every: int, total: int) -> None:
         self.every, self.total = every, total
@@ -161,15 +165,18 @@ class GammaStats(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if _due(pl_module.step, self.every, self.total) and (stats := pl_module.model.gamma_stats()):
+            stats |= kind_means(pl_module.model)
             pl_module.step_metrics.update(stats)
             self.rows.append({"step": pl_module.step, **stats})
 
     def summary(self) -> dict[str, float]:
-        """The last row reduced over layers: mean of the means and stds, max of the maxima, min of the minima."""
+        """The last row reduced over layers: mean of the means and stds, max of the maxima, min of the minima (over
+        every γ vector); and each kind's mean γ apart (`gamma_input_mean`, `gamma_output_mean`, `gamma_final_mean`)."""
         last = self.rows[-1] if self.rows else {}
         reducers = {"mean": statistics.fmean, "std": statistics.fmean, "max": max, "min": min}
-        return {f"gamma_{stat}": reduce(vals) for stat, reduce in reducers.items()
-                if (vals := [v for k, v in last.items() if k.endswith(f"/{stat}")])}
+        return ({f"gamma_{stat}": reduce(vals) for stat, reduce in reducers.items()
+                 if (vals := [v for k, v in last.items() if k.endswith(f"/{stat}")])}
+                | {f"gamma_{k.removeprefix(KIND_MEAN)}_mean": v for k, v in last.items() if k.startswith(KIND_MEAN)})
 
     def write_csv(self, path: Path) -> None:
         columns = list(self.rows[0]) if self.rows else ["step"]
@@ -180,6 +187,27 @@ class GammaStats(Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.rows = list(state_dict["rows"])
+
+
+KIND_MEAN = "gamma_mean/"  # the step metrics of the kinds' means: gamma_mean/input, gamma_mean/output, gamma_mean/final
+
+
+@torch.no_grad()
+def kind_means(model: nn.Module) -> dict[str, float]:
+    """Mean effective γ of each scale kind, every vector weighing once (as `gamma_mean` weighs them): `input` (the
+    γ that feed a linear map: pre-attention and pre-MLP norms, branch γ, s_out), `output` (QK-norm and post-branch
+    norm γ) and `final` (the final norm's, the LM head's input, apart from the other input γ: its decay scales the
+    logits directly). A kind the model lacks is left out."""
+    final = getattr(model, "final_scale", None)
+    groups: dict[str, list[torch.Tensor]] = {}
+    for module in model.modules():
+        if isinstance(module, Scale):
+            kind = "final" if module is final else module.kind.removesuffix("_scale")
+            groups.setdefault(kind, []).append(module().float().mean())
+    if not groups:
+        return {}
+    means = torch.stack([torch.stack(v).mean() for v in groups.values()]).tolist()  # one host sync
+    return {f"{KIND_MEAN}{k}": m for k, m in zip(groups, means)}
 
 
 class MetricsFile(Callback):
