@@ -180,9 +180,8 @@ def previous_markdown(previous: Path, cells_dir: Path) -> str:
     included): per run, each value then and now, the cells' input γ pooled the same way (each vector once)."""
     params, rows = runs(Path(cells_dir).parent)
     now = {(r["arm"], r["dose"], r["seed"]): r for r in rows}
-    then = [json.loads(line) for line in Path(previous).read_text().splitlines() if line.strip()]
-    if (left := {(r["arm"], r["dose"], r["seed"]) for r in then} - set(now)):
-        raise ValueError(f"{previous}: runs {sorted(left)} have no cell")
+    every = [json.loads(line) for line in Path(previous).read_text().splitlines() if line.strip()]
+    then = [r for r in every if (r["arm"], r["dose"], r["seed"]) in now]  # a study in progress: the cells it has
     cfg = params.resolve_model(rows[0]["size"], "standard", vocab_size=2, recipe="base")
     blocks = premises_a.gamma_vectors(cfg)["input_scale"] - 1  # the final γ is one of the input-norm vectors
 
@@ -194,9 +193,17 @@ def previous_markdown(previous: Path, cells_dir: Path) -> str:
 
     lines = ["| arm | dose | seed | val loss | Δ val loss | mean input-norm γ (final included) | mean output-norm γ | "
              "λ_max |", "|---|---|---|---|---|---|---|---|"]
+    gaps: dict[str, list[float]] = {"val loss": [], "input γ": [], "output γ": [], "λ_max (relative)": []}
     for r in sorted(then, key=lambda r: (r["arm"] != "standard", r["arm"], r["dose"], r["seed"])):
         n = now[r["arm"], r["dose"], r["seed"]]
         lines.append(f"| {r['arm']} | {r['dose']:g} | {r['seed']} | {pair(r['val_loss'], n['val_loss'], '.4f')} | "
                      f"{n['val_loss'] - r['val_loss']:+.4f} | {pair(r['gamma_in'], pooled(n), '.4f')} | "
                      f"{pair(r['gamma_out'], n['gamma_out'], '.4f')} | {pair(r['sharpness'], n['sharpness'], '.1f')} |")
-    return "\n".join(lines)
+        gaps["val loss"].append(abs(n["val_loss"] - r["val_loss"]))
+        gaps["input γ"].append(abs(pooled(n) - r["gamma_in"]))
+        gaps["output γ"].append(abs(n["gamma_out"] - r["gamma_out"]))
+        if r["sharpness"] and n["sharpness"]:
+            gaps["λ_max (relative)"].append(abs(n["sharpness"] / r["sharpness"] - 1))
+    largest = ", ".join(f"{k} {max(v):.2g}" for k, v in gaps.items() if v)
+    left = f" ({len(every) - len(then)} of the {len(every)} runs have no cell yet)" if len(then) < len(every) else ""
+    return "\n".join(lines) + f"\n\nLargest difference over the {len(then)} runs{left}: {largest or 'none'}."
