@@ -773,19 +773,33 @@ def test_the_headline_is_sigmascale_with_its_allocation_against_svd_llm_as_publi
     assert capped["verdict"].startswith("untested (SigmaScale converged: 8 of 12 maps")
 
 
-def test_committed_ledger_is_regenerated_from_its_cells():
-    """results/compression-smollm2's ledger is what study.json's generator rebuilds from the per-cell files."""
+def test_the_committed_study_follows_from_its_cells(tmp_path):
+    """results/compression-smollm2: its ported cells are the only copy of its per-seed results, its ledger is what
+    the study's generator rebuilds from them, and its README's generated blocks are what its files give."""
     import json
+    import shutil
 
+    from conftest import assert_same_ledger
     from scalelab.analysis import claims
     from scalelab.analysis.studies import generator
+    from scalelab.study import cells, ledger, spec
 
-    folder = Path(__file__).resolve().parents[1] / "results" / "compression-smollm2"
+    root = Path(__file__).resolve().parents[1]
+    folder = root / "results" / "compression-smollm2"
     meta = json.loads((folder / "study.json").read_text())
+    records = cells.read(folder)
+    assert sorted(r.address for r in records) == ["compress@0", "compress@1"]
+    assert all(r.meta["origin"].startswith("ported from a run outside DVC") for r in records)
+    assert not (folder / "metrics").exists() and not (folder / "plots").exists()  # no flat copies beside the cells
+    assert not list(folder.rglob("*.py"))  # a study is run and reported by the library, never a script of its own
     rebuilt = generator(meta["generator"])(folder)
-    assert rebuilt == claims.read_claims(folder / meta["ledger"])
+    assert_same_ledger(rebuilt, claims.read_claims(folder / meta["ledger"]))
     converged = {p["value"] for e in rebuilt for p in e["premises"] if p["name"] == "SigmaScale converged"}
     assert converged == {"384 of 420 maps at the plateau (sigmascale at ρ 0.75)"}
+    copy = tmp_path / "results" / folder.name
+    shutil.copytree(folder, copy)
+    ledger.refresh_readme(spec.load(root, folder.name), tmp_path)
+    assert (copy / "README.md").read_text() == (folder / "README.md").read_text()
 
 
 # ---------------------------------------------------------------- mutation checks (tests/mutants.py)
