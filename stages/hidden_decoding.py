@@ -1,4 +1,5 @@
-"""DVC stage `hidden_decoding`: continue the backbone as one Hidden Decoding cell and record its metrics.
+"""DVC stage `hidden_decoding`: continue the backbone as one Hidden Decoding cell (or, on the parity corpus, train a
+random one from scratch; or, `forward_only`, score it at step 0) and record its metrics.
 
     python stages/hidden_decoding.py --cell n4 --seed 0
 
@@ -24,12 +25,15 @@ def train(params: Params, args: argparse.Namespace) -> None:
     model_cfg = hd.model(args.cell)
 
     from scalelab.data import DataError, write_json_atomic
-    from scalelab.model.hf import ModelLoadError, load_hf_config
+    from scalelab.model.hf import ModelLoadError
 
     name, shards = f"{args.cell}-{args.seed}", Path("data/tokens")
     out_dir = Path("data/hidden_decoding") / name
+
+    from scalelab.train import hidden_decoding as hdt
+
     try:
-        backbone_config = load_hf_config(hd.source.location())
+        backbone_config = hdt.cell_backbone_config(hd, args.cell)
     except ModelLoadError as err:
         raise DataError(str(err)) from None
     try:  # streams that cannot differ or cannot matter: refused before any compute
@@ -38,19 +42,22 @@ def train(params: Params, args: argparse.Namespace) -> None:
         raise ParamsError(f"cell {args.cell}: {err}") from None
 
     from scalelab import tracking
-    from scalelab.train.hidden_decoding import backbone_tokenizer, cell_steps, fit_cell, load_corpus, resume_run_id
+    from scalelab.train.hidden_decoding_task import cell_train, task_of
 
-    steps = cell_steps(hd, args.cell, backbone_config)
-    corpus = load_corpus(hd, shards, Path("data/prepared"), backbone_tokenizer(hd))
-    logged = {"cell": {"name": args.cell, "seed": args.seed, "steps": steps},
+    steps = hdt.cell_steps(hd, args.cell, backbone_config)
+    corpus = hdt.load_corpus(hd, args.cell, shards, Path("data/prepared"), hdt.backbone_tokenizer(hd))
+    task = task_of(hd, args.cell)
+    logged = {"cell": {"name": args.cell, "seed": args.seed, "steps": steps,
+                       **({"task": task.describe()} if task else {})},
               "model": model_cfg.model_dump(mode="json"), "source": hd.source.model_dump(mode="json"),
-              "train": hd.train.model_dump(mode="json")}
-    run_id = resume_run_id(hd, args.cell, args.seed, out_dir, corpus, backbone_config)
-    data_dep = "data/prepared" if hd.uses_text() else str(shards / "meta.json")
+              "train": cell_train(hd, args.cell).model_dump(mode="json")}
+    run_id = hdt.resume_run_id(hd, args.cell, args.seed, out_dir, corpus, backbone_config)
+    data_dep = ("src/scalelab/data/parity_task.py" if task else "data/prepared" if hd.uses_text()
+                else str(shards / "meta.json"))
     with tracking.stage_run(f"hidden_decoding@{name}", params=logged, experiment=params.tracking.experiment,
                             deps=[data_dep, hd.source_dep], run_id=run_id) as run:
-        metrics = fit_cell(hd, args.cell, args.seed, out_dir, shards, run,
-                           plot=Path("plots/hidden_decoding") / f"{name}.csv", corpus=corpus)
+        metrics = hdt.fit_cell(hd, args.cell, args.seed, out_dir, shards, run,
+                               plot=Path("plots/hidden_decoding") / f"{name}.csv", corpus=corpus)
         run.record(out_dir / "model")
         # outs and metrics inside the run: FINISHED only once they are written
         write_json_atomic(Path("metrics/hidden_decoding") / f"{name}.json",

@@ -1,6 +1,7 @@
 """DVC stage `hidden_decoding_summary`: last-stream validation loss by n at equal tokens and at equal FLOPs, SFA vs
 full attention, and the Hidden Decoding claims ledger: each entry with its regime and its premises, every n > 1 cell's
-recovery of its step-0 gap read from the cells' validation curves (plots/hidden_decoding).
+recovery of its step-0 gap read from the cells' validation curves (plots/hidden_decoding). On the parity corpus: the
+largest K each arm solved and the parity probe's ledger (scalelab.analysis.hd_parity) instead.
 
 Outs: data/hidden_decoding_summary/{cells.csv, gain_vs_n.png, curves.png, mlflow_run.json},
 metrics/hidden_decoding.json, metrics/claims_c.json, plots/hidden_decoding_gain.csv.
@@ -26,6 +27,8 @@ def main(params: Params) -> None:
     out = Path("data/hidden_decoding_summary")
     logged = {"grid": hd.grid, "seeds": hd.seeds, "cells": {c: hd.cells[c].model_dump(mode="json") for c in hd.grid},
               "claims": hd.claims.model_dump(mode="json")}
+    if hd.train.corpus == "parity":
+        return parity(hd, logged, params.tracking.experiment, out)
     with tracking.stage_run("hidden_decoding_summary", params=logged, experiment=params.tracking.experiment,
                             deps=["metrics/hidden_decoding"]) as run:
         try:
@@ -54,6 +57,33 @@ def main(params: Params) -> None:
         run.record(out)
         # outs and metrics inside the run: FINISHED only once they are written
         write_json_atomic("metrics/hidden_decoding.json", {"cells": rows, "gain_vs_n": gains})
+        ledger.write_claims("metrics/claims_c.json", entries)
+
+
+def parity(hd, logged: dict, experiment: str, out: Path) -> None:
+    """A parity probe's summary: the largest K each arm solved (its table) and its ledger (scalelab.analysis.hd_parity)."""
+    from scalelab import tracking
+    from scalelab.analysis import claims as ledger
+    from scalelab.analysis import hd_parity
+    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.data import DataError, atomic_dir, write_json_atomic
+
+    metrics = Path("metrics/hidden_decoding")
+    files = {f"{c}-{s}.json": metrics / f"{c}-{s}.json" for c in hd.grid for s in hd.seeds}
+    if missing := [str(p) for p in files.values() if not p.is_file()]:
+        raise DataError(f"{missing[0]}: missing; run the hidden_decoding stage of this cell first")
+    with tracking.stage_run("hidden_decoding_summary", params=logged, experiment=experiment,
+                            deps=["metrics/hidden_decoding"]) as run:
+        try:
+            entries, table = hd_parity.entries(hd, files), hd_parity.largest_markdown(hd, files)
+        except ValueError as err:
+            raise DataError(str(err)) from None
+        with atomic_dir(out) as tmp:
+            (tmp / "largest_k.md").write_text(table + "\n")
+        Path("plots").mkdir(exist_ok=True)
+        hdr.write_csv("plots/hidden_decoding_gain.csv", hd_parity.gain_rows(hd, files))
+        run.record(out)
+        write_json_atomic("metrics/hidden_decoding.json", {"largest_k": table})
         ledger.write_claims("metrics/claims_c.json", entries)
 
 

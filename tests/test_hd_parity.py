@@ -1,5 +1,5 @@
-"""The parity probe of Hidden Decoding: its task and windows, the answer-token metrics, its ledger's premises, and
-the committed part re-derived from its cells."""
+"""The parity probe of Hidden Decoding: its task and windows, its cells (a random backbone per seed, the pause-token
+control, the answer-token metrics), its ledger's premises and the largest-K table."""
 
 import json
 import math
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from scalelab.analysis import claims, hd_parity, hd_study
+from scalelab.analysis import hd_parity
 from scalelab.analysis import hd_premises as hdp
-from scalelab.analysis.window_floor import expected_window_loss
+from scalelab.analysis.window_floor import expected_window_loss, val_phases
+from scalelab.config import HiddenDecodingConfig
 from scalelab.data.loader import val_batches
 from scalelab.data.parity_task import EVEN, ODD, PAUSE, SEP, ParityTask
 from scalelab.model.hidden_decoding_answers import scored_targets
@@ -19,6 +20,7 @@ from scalelab.model.transformer import ModelOutput
 
 ROOT = Path(__file__).resolve().parents[1]
 LN2 = math.log(2)
+SHAPE = {"n_layer": 2, "d_model": 16, "n_head": 2, "d_ff": 32}
 
 
 @pytest.mark.parametrize("K, pauses", [(4, 0), (6, 6), (3, 1)])
@@ -34,24 +36,26 @@ def test_blocks_answer_the_parity_of_their_bits(K, pauses):
         ParityTask(0)
 
 
-@pytest.mark.parametrize("K, pauses, blocks", [(4, 0, 2), (3, 2, 3)])
-def test_aligned_windows_have_floor_zero_on_the_answer_and_blind_ln2(K, pauses, blocks):
-    """The exact window floor (the window-floor recursion) of an aligned window is K ln 2 per block: only the bits
-    cost; a model blind to the parity pays ln 2 more per block, on its answer. A window cut off the blocks is refused
-    by the alignment check."""
+@pytest.mark.parametrize("K, pauses, blocks", [(4, 0, 2), (3, 2, 3), (5, 0, 1)])
+def test_every_window_is_whole_blocks(K, pauses, blocks):
+    """The exact window floor of a window of whole blocks is K ln 2 per block (only the bits cost; a model blind to
+    the parity pays ln 2 more, on its answer). The training windows are drawn at block boundaries and the loader's
+    validation windows start at one too (the window-floor machinery's phase count), so every answer in a window
+    follows its K bits; a seq_len that is not whole blocks is refused."""
     task, blind = ParityTask(K, pauses), ParityTask(K, pauses, blind=True)
     T = task.seq_len(blocks)
-    floor = expected_window_loss(task, 0, task, {0: 1.0}, T)
-    assert floor == pytest.approx(K * LN2 / task.period, rel=1e-9)
+    assert expected_window_loss(task, 0, task, {0: 1.0}, T) == pytest.approx(K * LN2 / task.period, rel=1e-9)
     assert expected_window_loss(task, 0, blind, {0: 1.0}, T) == pytest.approx((K + 1) * LN2 / task.period, rel=1e-9)
-    n_val = 40 * task.period
-    assert hd_parity.aligned(task, T, 10 * T, n_val)
-    assert not hd_parity.aligned(task, T + 1, 10 * T, n_val)
-    # the loader's validation windows are those: every one starts at a block's first bit
-    tokens = task.tokens(np.random.default_rng(1), n_val)
-    for x, y in val_batches(tokens, seq_len=T, val_tokens=10 * T, batch_size=4):
-        assert (task.answer_targets(y).sum(1) == blocks).all()
-        assert (x[:, 0] <= 1).all()
+    train, val = task.streams(20_000, seed=3)
+    assert set(val_phases(len(val), T, 40 * T, task.period)) == {0}
+    for x, y in [task.train_batch(train, seed=0, step=s, batch_size=16, seq_len=T) for s in range(3)] + \
+            val_batches(val, seq_len=T, val_tokens=40 * T, batch_size=8):
+        assert (task.answer_targets(y).sum(1) == blocks).all()  # every window's answers, each after its bits
+        assert (x[:, 0] <= 1).all() and (y[:, -2] >= EVEN).all()  # it starts at a first bit, its last block whole
+    rows = task.train_batch(train, seed=0, step=1, batch_size=16, seq_len=T, rank=1, world_size=2)[0]
+    assert torch.equal(rows, task.train_batch(train, seed=0, step=1, batch_size=16, seq_len=T)[0][1::2])
+    with pytest.raises(ValueError, match="not a whole number"):
+        task.train_batch(train, seed=0, step=0, batch_size=4, seq_len=T + 1)
 
 
 class Oracle(torch.nn.Module):
@@ -71,7 +75,6 @@ class Oracle(torch.nn.Module):
                 tok = int(x[b, t])
                 parity = parity ^ tok if tok <= 1 else parity
                 if tok in (SEP, PAUSE):
-                    # the next token is the answer iff this is the block's last filler
                     if self.blind:
                         logits[b, t, [EVEN, ODD]] = 30.0
                     else:
@@ -94,81 +97,133 @@ def test_answer_metrics_read_the_answer_tokens_only():
         scored_targets(Oracle(task), batches, lambda y: y > 100)
 
 
+# ------------------------------------------------------------------ the cells
+def probe_config(cells: dict, steps: int = 30, **train) -> HiddenDecodingConfig:
+    return HiddenDecodingConfig(
+        source={"init": SHAPE}, source_dep="src/scalelab/model/hidden_decoding_io.py", cells=cells, grid=list(cells),
+        train={"corpus": "parity", "parity": {"blocks": 2, "val_windows": 32, "tokens": 20_000}, "batch_size": 16,
+               "max_steps": steps, "val_every": 10, "ckpt_every": 10, "threads": 1,
+               "optimizer": {"lr": 3e-3, "weight_decay": 0.0}, **train})
+
+
+def test_a_parity_cell_trains_a_seeded_random_backbone_on_its_task(tmp_path):
+    """Every cell of a seed starts from the same random backbone (the pause control and n = 2 included), another
+    seed from another; a cell's metrics hold its answer loss and accuracy on its own task's windows, its curve the
+    validation before the first step, which a forward-only cell of the same model measures alike."""
+    from scalelab.model.hidden_decoding_io import from_source
+    from scalelab.train import hidden_decoding as hdt
+
+    cfg = probe_config({"n1": {"bits": 4}, "pause": {"bits": 4, "pauses": 4}, "n2": {"n_streams": 2, "bits": 4},
+                        "start": {"bits": 4, "forward_only": True}})
+    inits = {}
+    for cell, seed in (("n1", 0), ("pause", 0), ("n2", 0), ("n1", 1)):
+        torch.manual_seed(seed)
+        inits[cell, seed] = from_source(cfg.source, cfg.model(cell), "cpu", 8).backbone.state_dict()
+    same = lambda a, b: all(torch.equal(inits[a][k], inits[b][k]) for k in inits[a])  # noqa: E731
+    assert same(("n1", 0), ("pause", 0)) and same(("n1", 0), ("n2", 0)) and not same(("n1", 0), ("n1", 1))
+
+    m = {c: hdt.fit_cell(cfg, c, 0, tmp_path / c, None, plot=tmp_path / f"{c}.csv") for c in ("n1", "pause", "start")}
+    assert m["n1"]["seq_len"] == 12 and m["pause"]["seq_len"] == 20 and m["pause"]["pauses"] == 4
+    assert m["n1"]["answers"] == 64 == m["pause"]["answers"] and 0 <= m["n1"]["answer_acc"] <= 1
+    assert m["n1"]["steps"] == 30 and m["start"]["steps"] == 0 and len(m["start"]["val_window_losses"]) == 32
+    assert m["n1"]["val_loss_start"] == pytest.approx(m["start"]["val_loss"], rel=1e-5)
+    assert m["n1"]["val_loss"] < m["n1"]["val_loss_start"] - 0.5  # it trained (the tokens but the bits are fixed)
+    curve = (tmp_path / "n1.csv").read_text().splitlines()
+    assert curve[1].startswith("0,0,,") and float(curve[1].split(",")[3]) == m["n1"]["val_loss_start"]
+    assert not (tmp_path / "start/model/model.safetensors").exists()  # a start measured keeps no weights
+
+
+def test_bad_probe_settings_fail_in_one_line():
+    good = {"n1": {"bits": 4}}
+    probe_config(good)
+    for cells, train, match in (
+            ({"n1": {}}, {}, r"cells \['n1'\]: the parity corpus needs each cell's bits"),
+            ({"n2": {"n_streams": 2, "bits": 4, "pauses": 4}}, {}, "pause tokens are the one-stream control"),
+            (good, {"seq_len": 12}, "train.seq_len with corpus parity"),
+            ({"n1": {"bits": 4, "forward_only": True, "flops_of": {"n_streams": 2}}}, {}, "forward_only with flops_of")):
+        with pytest.raises(ValueError, match=match):
+            probe_config(cells, **train)
+    with pytest.raises(ValueError, match="bits and pauses belong to the parity corpus"):
+        HiddenDecodingConfig(cells={"n1": {"bits": 4}}, grid=["n1"])
+    with pytest.raises(ValueError, match="a random one"):
+        HiddenDecodingConfig(cells=good, grid=["n1"], train={"corpus": "parity"})
+    with pytest.raises(ValueError, match="the code that draws it"):
+        HiddenDecodingConfig(source={"init": SHAPE}, source_dep="models/x", cells=good, grid=["n1"],
+                             train={"corpus": "parity"})
+    with pytest.raises(ValueError, match="n_head must divide d_model"):
+        probe_config(good).source.__class__(init=SHAPE | {"n_head": 3})
+
+
 # ------------------------------------------------------------------ the ledger and its premises
-def _run(cells):
-    return {"command": "run_parity.py", "positive_control": "pause",
-            "params": {"cells": cells, "grid": [c for c in cells if c != "pause"],
-                       "claims": {"sfa_fraction": 0.8, "level": 0.95}}}
+ARMS = {"n1": {}, "pause": {"pauses": True}, "n2": {"n_streams": 2}, "n4": {"n_streams": 4},
+        "n2full": {"n_streams": 2, "attention": "full"}}
 
 
-def _write(folder: Path, results: dict[str, list[tuple[float, float]]], K: int = 6) -> None:
-    """results: cell → per seed (answer loss, answer accuracy)."""
-    meta = {"n1": (1, "sfa"), "pause": (1, "sfa"), "n2": (2, "sfa"), "n4": (4, "sfa"), "n2full": (2, "full")}
-    (folder / "metrics" / f"k{K}").mkdir(parents=True)
+def ladder_config(ks=(6,), arms=ARMS) -> HiddenDecodingConfig:
+    """Each arm at each K of the ladder, cells named <arm>-k<K>; a pause arm with K pause tokens."""
+    cells = {f"{a}-k{K}": {k: v for k, v in c.items() if k != "pauses"} | {"bits": K, "pauses": K * ("pauses" in c)}
+             for K in ks for a, c in arms.items()}
+    return HiddenDecodingConfig(source={"init": SHAPE}, source_dep="src/scalelab/model/hidden_decoding_io.py",
+                                cells=cells, grid=list(cells), seeds=[0, 1, 2], train={"corpus": "parity"})
+
+
+def write_cells(folder: Path, hd: HiddenDecodingConfig, results: dict[str, list[tuple[float, float]]]) -> dict:
+    """results: cell → per seed (answer loss, answer accuracy); the metrics files the stage writes, by name."""
+    folder.mkdir(parents=True)
+    files = {}
     for cell, per_seed in results.items():
+        c = hd.cells[cell]
         for seed, (loss, acc) in enumerate(per_seed):
-            m = {"cell": cell, "seed": seed, "K": K, "pauses": K if cell == "pause" else 0, "answer_loss": loss,
-                 "answer_acc": acc, "n_streams": meta[cell][0], "attention": meta[cell][1], "params": 1000,
-                 "tokens": 10_000, "steps": 100, "cpu_s": 1.0}
-            (folder / "metrics" / f"k{K}" / f"{cell}-{seed}.json").write_text(json.dumps(m))
+            m = {"cell": cell, "seed": seed, "bits": c.bits, "pauses": c.pauses, "answer_loss": loss,
+                 "answer_acc": acc, "n_streams": c.n_streams, "attention": c.attention, "params": 1000,
+                 "tokens": 10_000, "steps": 100}
+            files[f"{cell}-{seed}.json"] = folder / f"{cell}-{seed}.json"
+            files[f"{cell}-{seed}.json"].write_text(json.dumps(m))
+    return files
 
 
-CELLS = {"n1": {"n_streams": 1}, "n2": {"n_streams": 2}, "n4": {"n_streams": 4},
-         "n2full": {"n_streams": 2, "attention": "full"}, "pause": {"n_streams": 1}}
+NEAR_BLIND = [(0.69, 0.5), (0.688, 0.52), (0.692, 0.49)]
+SOLVED = [(0.01, 1.0), (0.02, 0.995), (0.005, 1.0)]
 
 
 def test_the_parity_ledger_waits_for_its_positive_control_and_room(tmp_path):
-    near_blind, solved = [(0.69, 0.5), (0.688, 0.52), (0.692, 0.49)], [(0.01, 1.0), (0.02, 0.995), (0.005, 1.0)]
+    hd = ladder_config()
     half = [(0.35, 0.8), (0.30, 0.85), (0.40, 0.75)]
-    good = {"n1": near_blind, "pause": solved, "n2": half, "n4": solved, "n2full": solved}
-    _write(tmp_path / "ok", good)
-    entries = {e["id"]: e for e in hd_parity.entries(tmp_path / "ok", _run(CELLS))}
+    good = {"n1-k6": NEAR_BLIND, "pause-k6": SOLVED, "n2-k6": half, "n4-k6": SOLVED, "n2full-k6": SOLVED}
+    entries = {e["id"]: e for e in hd_parity.entries(hd, write_cells(tmp_path / "ok", hd, good))}
     assert entries["C.parity.gain.n2"]["verdict"] == "reproduced"
     assert entries["C.parity.grows.n2-n4"]["verdict"] == "reproduced"
     # SFA at n = 2 keeps about half of full attention's gain: below 80%, contradicted
     assert entries["C.parity.sfa.n2"]["verdict"] == "contradicted"
     assert {p["name"] for p in entries["C.parity.gain.n2"]["premises"]} == {"room", "positive control"}
 
-    failed_control = good | {"pause": [(0.01, 1.0), (0.69, 0.5), (0.01, 1.0)]}
-    _write(tmp_path / "nocontrol", failed_control)
-    for e in hd_parity.entries(tmp_path / "nocontrol", _run(CELLS)):
+    failed_control = good | {"pause-k6": [(0.01, 1.0), (0.69, 0.5), (0.01, 1.0)]}
+    for e in hd_parity.entries(hd, write_cells(tmp_path / "nocontrol", hd, failed_control)):
         assert e["verdict"].startswith("untested (positive control: pause tokens: answer accuracy 0.500"), e
-    no_room = good | {"n1": [(0.3, 0.9), (0.2, 0.95), (0.25, 0.9)]}
-    _write(tmp_path / "noroom", no_room)
+    no_room = good | {"n1-k6": [(0.3, 0.9), (0.2, 0.95), (0.25, 0.9)]}
     assert all(e["verdict"].startswith("untested (room: ")
-               for e in hd_parity.entries(tmp_path / "noroom", _run(CELLS)))
-    no_pause = {k: v for k, v in good.items() if k != "pause"}
-    _write(tmp_path / "nopause", no_pause)
-    run = _run({k: v for k, v in CELLS.items() if k != "pause"}) | {"positive_control": None}
-    assert all("positive control: none run" in e["verdict"] for e in hd_parity.entries(tmp_path / "nopause", run))
+               for e in hd_parity.entries(hd, write_cells(tmp_path / "noroom", hd, no_room)))
+    no_pause = {k: v for k, v in good.items() if not k.startswith("pause")}
+    hd_np = ladder_config(arms={k: v for k, v in ARMS.items() if k != "pause"})
+    assert all("positive control: none run" in e["verdict"]
+               for e in hd_parity.entries(hd_np, write_cells(tmp_path / "nopause", hd_np, no_pause)))
 
 
-def test_the_largest_k_solved_is_read_per_seed(tmp_path):
-    for K, res in ((4, [(0.01, 1.0), (0.3, 0.9)]), (6, [(0.69, 0.5), (0.69, 0.5)])):
-        d = tmp_path / "metrics" / f"k{K}"
-        d.mkdir(parents=True)
-        for seed, (loss, acc) in enumerate(res):
-            (d / f"n1-{seed}.json").write_text(json.dumps(
-                {"cell": "n1", "seed": seed, "K": K, "pauses": 0, "answer_loss": loss, "answer_acc": acc,
-                 "n_streams": 1, "attention": "sfa", "steps": 10, "cpu_s": 1.0}))
-    s = json.loads(json.dumps(hd_parity.summary(tmp_path)))
-    assert [r["largest_solved"] for r in s["cells"]] == [4, None]
-    assert s["cells"][0]["solved"] == pytest.approx(hd_parity.closed(0.01) + hd_parity.closed(0.69))
-    table = hd_parity.largest_table(s)
-    assert "| n1 | 0 | 1 | sfa | – | 4 |" in table and "| n1 | 1 | 1 | sfa | – | none |" in table
+def test_the_largest_k_solved_is_read_per_seed_and_arm(tmp_path):
+    hd = ladder_config(ks=(4, 6), arms={"n1": {}, "pause": {"pauses": True}})
+    files = write_cells(tmp_path / "cells", hd, {"n1-k4": [(0.01, 1.0), (0.3, 0.9), (0.02, 0.995)], "n1-k6": NEAR_BLIND,
+                                       "pause-k4": SOLVED, "pause-k6": SOLVED})
+    cells, _ = hd_parity.read_cells(hd, files)
+    assert [hd_parity.largest_solved(cells, "n1", s, [4, 6]) for s in range(3)] == [4, None, 4]
+    assert hd_parity.score(cells, "n1", 0, [4, 6]) == pytest.approx(hd_parity.closed(0.01) + hd_parity.closed(0.69))
+    table = hd_parity.largest_markdown(hd, files)
+    assert "| n1 | 3 | 4, none, 4 |" in table and "| pause | 3 | 6, 6, 6 |" in table
+    assert table.index("| n1 |") < table.index("| pause |")
     assert hdp.SOLVED == 0.99
-
-
-def test_the_committed_parity_part_is_rederived():
-    folder = ROOT / "results/hidden-decoding"
-    plain = lambda x: json.loads(json.dumps(x))  # noqa: E731
-    assert plain(hd_study.part_entries(folder, "parity")) == claims.read_claims(folder / "parity/claims.json")
-    assert plain(hd_parity.summary(folder / "parity")) == json.loads((folder / "parity/summary.json").read_text())
-    run = json.loads((folder / "parity/run.json").read_text())
-    assert run["positive_control"] == hd_parity.PAUSE_CELL and hd_study.kind_of(run) == "parity"
-    ledger = {e["id"]: e for e in claims.read_claims(folder / "claims_c.json")}
-    assert {i for i in ledger if i.startswith("parity.")} == {f"parity.{e['id']}" for e in
-                                                              claims.read_claims(folder / "parity/claims.json")}
+    bad = json.loads(files["n1-k4-0.json"].read_text()) | {"bits": 5}
+    files["n1-k4-0.json"].write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="not the parity cell 'n1-k4'"):
+        hd_parity.read_cells(hd, files)
 
 
 # ------------------------------------------------------------------ mutation checks (tests/mutants.py)
@@ -186,9 +241,11 @@ def _(monkeypatch):
     monkeypatch.setattr(hdp, "parity_premises", lenient)
 
 
-@mutant("hd-parity-alignment-unchecked")  # any window length taken as aligned to the blocks
+@mutant("hd-parity-windows-unaligned")  # training windows drawn anywhere, as the loader draws them
 def _(monkeypatch):
-    monkeypatch.setattr(hd_parity, "aligned", lambda *a: True)
+    from scalelab.data import loader
+
+    monkeypatch.setattr(ParityTask, "train_batch", lambda self, tokens, **kw: loader.train_batch(tokens, **kw))
 
 
 @mutant("hd-answers-every-target")  # the answer metrics averaged over every target, bits included
@@ -201,11 +258,19 @@ def _(monkeypatch):
     monkeypatch.setitem(globals(), "scored_targets", answers.scored_targets)
 
 
+@mutant("hd-start-validation-off")  # no validation before the first step
+def _(monkeypatch):
+    from scalelab.train import hidden_decoding as hdt
+
+    monkeypatch.setattr(hdt.StartValidation, "on_train_start", lambda *a: None)
+
+
 P = "tests/test_hd_parity.py::"
 CAUGHT = [
     ("hd-parity-control-off", f"{P}test_the_parity_ledger_waits_for_its_positive_control_and_room"),
-    ("hd-parity-alignment-unchecked", f"{P}test_aligned_windows_have_floor_zero_on_the_answer_and_blind_ln2"),
+    ("hd-parity-windows-unaligned", f"{P}test_every_window_is_whole_blocks"),
     ("hd-answers-every-target", f"{P}test_answer_metrics_read_the_answer_tokens_only"),
+    ("hd-start-validation-off", f"{P}test_a_parity_cell_trains_a_seeded_random_backbone_on_its_task"),
 ]
 
 

@@ -451,7 +451,9 @@ def test_a_local_llama_continues_training(tmp_path):
     )
     metrics = fit_cell(cfg, "n2", 0, tmp_path / "out", tmp_path / "tokens")
     curve = (tmp_path / "out/model/curve.csv").read_text().splitlines()
-    first = float(curve[1].split(",")[2])  # train loss at step 0
+    assert curve[1].split(",")[:3] == ["0", "0", ""]  # validated before the first step, which trains on row 2
+    first = float(curve[2].split(",")[2])  # train loss of the first step
+    assert float(curve[1].split(",")[3]) == metrics["val_loss_start"] == pytest.approx(first, abs=0.1)
     assert metrics["val_loss"] < first - 1.0 and metrics["steps"] == 30
     assert math.isfinite(metrics["flops"]) and metrics["n_streams"] == 2
     # the tables' spread: 0 at init without noise, moved apart by training
@@ -477,7 +479,7 @@ def test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus(tmp
         source={"path": str(folder)}, source_dep=str(folder), cells={"n2": {"n_streams": 2}}, grid=["n2"],
         train={"seq_len": 16, "batch_size": 8, "max_steps": 20, "val_every": 10, "ckpt_every": 10,
                "val_tokens": 256, "optimizer": {"lr": 1e-2}})
-    corpus = hdt.load_corpus(cfg, tmp_path / "no-shards", prepared, hdt.backbone_tokenizer(cfg))
+    corpus = hdt.load_corpus(cfg, "n2", tmp_path / "no-shards", prepared, hdt.backbone_tokenizer(cfg))
     assert corpus.shards.vocab_size == 40 and int(corpus.shards.train.max()) < 40
     assert corpus.shards.train[30] == 0  # documents joined by the tokenizer's own EOS
     metrics = hdt.fit_cell(cfg, "n2", 0, tmp_path / "out", tmp_path / "no-shards", prepared_dir=prepared)
@@ -486,7 +488,7 @@ def test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus(tmp
     assert load_hidden_decoding(tmp_path / "out/model").n == 2
     (prepared / "val.parquet").unlink()
     pl.DataFrame({"text": ["w1 w2 w3"] * 20}).write_parquet(prepared / "val.parquet")
-    other = hdt.load_corpus(cfg, tmp_path / "no-shards", prepared, hdt.backbone_tokenizer(cfg))
+    other = hdt.load_corpus(cfg, "n2", tmp_path / "no-shards", prepared, hdt.backbone_tokenizer(cfg))
     assert hdt.config_hash(cfg, "n2", 0, 20, other) != hdt.config_hash(cfg, "n2", 0, 20, corpus)
 
 
@@ -605,7 +607,7 @@ def test_an_interrupted_cell_resumes_to_the_uninterrupted_result(tmp_path, monke
     a, b = (load_hidden_decoding(tmp_path / d / "model").state_dict() for d in ("straight", "resumed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
-    corpus = hdt.load_corpus(cfg, shards, tmp_path / "no-prepared", None)
+    corpus = hdt.load_corpus(cfg, "n2", shards, tmp_path / "no-prepared", None)
     chash = hdt.config_hash(cfg, "n2", 0, 8, corpus)
     llama(layers=2, seed=1).save_pretrained(tmp_path / "llama")  # same config, other weights
     assert hdt.config_hash(cfg, "n2", 0, 8, corpus) != chash
@@ -625,7 +627,7 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
                "n4full": {"n_streams": 4, "attention": "full"}, "n4tied": {"n_streams": 4, "tables": "tied"},
                "c2": {"flops_of": {"n_streams": 2}}, "c4": {"flops_of": {"n_streams": 4}}},
         grid=["n1", "n2", "n4", "n4full", "n4tied", "c2", "c4"], seeds=[0, 1, 2])
-    assert hdr.roles(cfg) == {"base": {1: "n1", 2: "n2", 4: "n4"}, "full": {4: "n4full"},
+    assert hdr.roles(cfg) == {"base": {1: "n1", 2: "n2", 4: "n4"}, "warm": {}, "full": {4: "n4full"},
                               "control": {2: "c2", 4: "c4"}, "tied": {4: "n4tied"}}
     # n = 2 helps by 0.10 and n = 4 by 0.05 at equal tokens; at equal FLOPs the controls close most of it, and
     # n = 4 falls behind its control; full attention gains 0.051, SFA keeps 98% of it; tied tables lose 0.04.
@@ -1069,3 +1071,57 @@ CAUGHT = [
 
 
 test_a_broken_hidden_decoding_is_caught = mutation_checks(CAUGHT)
+
+
+# ------------------------------------------------------------------ the start measured, the table-only warm-up
+def test_a_table_warmup_trains_only_what_hidden_decoding_adds(tmp_path):
+    """During `table_warmup` the backbone's weights stay as they were (AdamW's decay included) while the extra table
+    and the gates train; after it the backbone trains too."""
+    from scalelab.train.hidden_decoding import fit_cell
+
+    llama(layers=2).save_pretrained(tmp_path / "llama")
+    _write_shards(tmp_path / "tokens")
+    start = LlamaForCausalLM.from_pretrained(tmp_path / "llama").state_dict()
+
+    def run(steps):
+        cfg = HiddenDecodingConfig(
+            source={"path": str(tmp_path / "llama")}, source_dep=str(tmp_path / "llama"), positions="shared",
+            cells={"n2": {"n_streams": 2, "start": "gated", "table_warmup": 4}}, grid=["n2"],
+            train={"corpus": "shards", "seq_len": 16, "batch_size": 8, "max_steps": steps, "val_every": 2,
+                   "ckpt_every": steps, "val_tokens": 256, "optimizer": {"lr": 1e-2, "weight_decay": 0.1}})
+        fit_cell(cfg, "n2", 0, tmp_path / f"out{steps}", tmp_path / "tokens")
+        return load_hidden_decoding(tmp_path / f"out{steps}/model")
+
+    warm = run(4)
+    assert all(torch.equal(v, warm.backbone.state_dict()[k]) for k, v in start.items())
+    assert (warm.extra_embeds[0].weight - start["model.embed_tokens.weight"]).abs().max() > 1e-3
+    assert any(g.abs().max() > 0 for g in warm.mix_gates)
+    after = run(6)
+    assert not torch.equal(after.backbone.state_dict()["model.layers.0.mlp.up_proj.weight"],
+                           start["model.layers.0.mlp.up_proj.weight"])
+    with pytest.raises(ValueError, match="one stream adds no table"):
+        HiddenDecodingConfig(cells={"n1": {"table_warmup": 2}}, grid=["n1"])
+
+
+def test_the_start_table_pairs_each_window_with_one_stream(tmp_path):
+    """A forward-only cell's gap to the forward-only n = 1 cell of its seed, window by window: its mean and spread,
+    and exactly 0 only when every window's is."""
+    from scalelab.analysis import hd_start
+
+    cfg = HiddenDecodingConfig(
+        positions="shared", grid=["s1", "open", "gated"], seeds=[0],
+        cells={"s1": {"forward_only": True}, "open": {"n_streams": 2, "positions": "per_layer", "forward_only": True},
+               "gated": {"n_streams": 2, "start": "gated", "embed_noise": 0.0, "forward_only": True}})
+    windows = {"s1": [3.0, 4.0, 5.0], "open": [3.5, 4.1, 5.6], "gated": [3.0, 4.0, 5.0]}
+    files = {}
+    for cell, losses in windows.items():
+        files[f"{cell}-0.json"] = tmp_path / f"{cell}-0.json"
+        files[f"{cell}-0.json"].write_text(json.dumps({"cell": cell, "seed": 0, "val_window_losses": losses,
+                                                       "val_loss": sum(losses) / 3, "mixing_layers": [1]}))
+    rows = {r["cell"]: r for r in hd_start.rows(cfg, files)}
+    assert rows["open"]["gap"] == pytest.approx(0.4) and rows["open"]["gap_sd"] == pytest.approx(0.2646, abs=1e-4)
+    assert rows["open"]["positions"] == "per_layer" and not rows["open"]["exact"]
+    assert rows["gated"]["exact"] and rows["gated"]["embed_noise"] == 0.0 and rows["gated"]["positions"] == "shared"
+    del files["s1-0.json"]
+    with pytest.raises(ValueError, match="no forward-only n = 1 cell of seed 0"):
+        hd_start.rows(cfg, files)

@@ -1,38 +1,47 @@
-"""The parity probe's ledger (results/hidden-decoding/parity/, run_parity.py): does Hidden Decoding's extra width
-at the answer solve a parity that one stream cannot, where pause tokens (the positive control) do?
+"""The parity probe's ledger and tables, from the hd-parity study's committed cells (configs/studies/hd-parity.yaml):
+does Hidden Decoding's extra width at the answer solve a parity that one stream cannot, where pause tokens (the
+positive control) do?
 
-Per cell × K × seed the metrics hold the answer token's loss and accuracy on validation windows aligned to the
-blocks (scalelab.data.parity_task; floor 0, blind ln 2). What a seed's cell solves is read two ways:
-    largest K solved     the largest K of the grid with answer accuracy ≥ SOLVED (the table; an integer per seed)
-    solved score         Σ over the K grid of the fraction of the blind → floor answer gap closed,
+Each cell of the study is one arm at one K (its `bits`; the study's params.yaml, the profile it ran under, says which),
+its metrics the answer token's loss and accuracy on validation windows of whole blocks (scalelab.data.parity_task;
+floor 0, blind ln 2). An arm is what a cell is but its K: `n1`, `pause` (one stream, K pause tokens before the
+answer), `n2`, `n4` (SFA), `n2full`, `n4full` (full attention). What a seed's arm solves is read two ways:
+    largest K solved     the largest K of the ladder with answer accuracy ≥ SOLVED (the table; an integer per seed)
+    solved score         Σ over the K ladder of the fraction of the blind → floor answer gap closed,
                          (ln 2 − loss_K) / ln 2: a continuous count of K's solved, the claims' metric (an integer
                          count ties across seeds, which the ledger's rule cannot read)
 Claims (paired by seed, scalelab.analysis.claims): n > 1 solves more than n = 1 (SFA and full attention at each n);
 the gain grows from n = 2 to n = 4; SFA keeps ≥ sfa_fraction of full attention's gain. Premises at the K compared
-(the grid's largest): the positive control (hd_premises.parity_control: the pause cell solves it, n = 1 stays near
-ln 2, every seed) and, for the growth and SFA claims, the gain they are measured against.
+(the ladder's largest; hd_premises.parity_premises): room (n = 1 stays near ln 2) and the positive control (the pause
+arm solves it in every seed); for the growth and SFA claims also the gain they are measured against.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
+from collections.abc import Mapping
 from pathlib import Path
 
 from scalelab.analysis import claims as ledger
 from scalelab.analysis import hd_premises as hdp
 from scalelab.analysis import hidden_decoding as hdr
-from scalelab.analysis.window_floor import val_phases
-from scalelab.data.parity_task import ParityTask
+from scalelab.analysis.studies import cell_files
+from scalelab.config import CellConfig, HiddenDecodingConfig
 
-PAUSE_CELL = "pause"  # one stream on the blocks with K pause tokens before the answer
+PAUSE = "pause"  # the positive control's arm
 BLIND = math.log(2)
+Cells = dict[str, dict[int, dict[int, dict]]]  # arm → K → seed → metrics
 
 
-def aligned(task: ParityTask, seq_len: int, val_tokens: int, n_val: int) -> bool:
-    """Every validation window the loader cuts starts at a block boundary (the window-floor machinery's phase count
-    of the loader's windows has the one phase 0)."""
-    return set(val_phases(n_val, seq_len, val_tokens, task.period)) == {0}
+def arm_of(c: CellConfig) -> str:
+    """The arm a cell belongs to: what it is but its K."""
+    if c.pauses:
+        return PAUSE
+    tags = [c.attention if c.attention != "sfa" else "", c.tables if c.tables != "separate" else "",
+            c.start if c.start != "open" else ""]
+    return f"n{c.n_streams}{''.join(tags)}"
 
 
 def closed(answer_loss: float) -> float:
@@ -40,92 +49,102 @@ def closed(answer_loss: float) -> float:
     return (BLIND - answer_loss) / BLIND
 
 
-def read_metrics(folder: Path) -> dict[str, dict[int, dict[int, dict]]]:
-    """cell → K → seed → metrics, from metrics/k<K>/<cell>-<seed>.json."""
-    out: dict[str, dict[int, dict[int, dict]]] = {}
-    for path in sorted(Path(folder).glob("metrics/k*/*.json")):
-        m = json.loads(path.read_text())
-        if "answer_loss" not in m:
-            raise ValueError(f"{path}: no answer_loss; was it written by run_parity.py?")
-        out.setdefault(m["cell"], {}).setdefault(int(m["K"]), {})[int(m["seed"])] = m
-    return out
+def config(folder: Path) -> HiddenDecodingConfig:
+    """The hidden_decoding section a study's cells ran under (its params.yaml, written by `scalelab study`)."""
+    from scalelab.config import load_params
+
+    hd = load_params(Path(folder) / "params.yaml").hidden_decoding
+    if hd is None or hd.train.corpus != "parity":
+        raise ValueError(f"{folder}/params.yaml: not a parity probe (hidden_decoding.train.corpus parity)")
+    return hd
 
 
-def grid(cells: dict) -> list[int]:
-    """The K grid: every K some cell ran."""
+def study_files(folder: Path) -> dict[str, Path]:
+    """A study's committed cell metrics by file name (what the stage writes to metrics/hidden_decoding)."""
+    return cell_files(Path(folder), "metrics/hidden_decoding", ".json")
+
+
+def read_cells(hd: HiddenDecodingConfig, files: Mapping[str, Path]) -> tuple[Cells, dict[str, CellConfig]]:
+    """arm → K → seed → metrics of the cells' metrics `files` (<cell>-<seed>.json; each checked against its cell's
+    params, files of cells not in `hd.cells` ignored), and each arm's cell config (one of its cells')."""
+    out, arms = {}, {}
+    for path in files.values():
+        m = json.loads(Path(path).read_text())
+        c = hd.cells.get(m.get("cell"))
+        if c is None:
+            continue
+        if (m.get("bits"), m.get("pauses")) != (c.bits, c.pauses) or "answer_loss" not in m:
+            raise ValueError(f"{path}: not the parity cell {m.get('cell')!r} of the params (bits, pauses, answers)")
+        arms.setdefault(arm_of(c), c)
+        out.setdefault(arm_of(c), {}).setdefault(c.bits, {})[int(m["seed"])] = m
+    return out, arms
+
+
+def ladder(cells: Cells) -> list[int]:
+    """The K ladder: every K some arm ran."""
     return sorted({K for by_k in cells.values() for K in by_k})
 
 
-def seeds_of(cells: dict, cell: str, ks: list[int]) -> list[int]:
-    """The seeds `cell` ran at every K of the grid."""
-    by_k = cells.get(cell, {})
-    common = set.intersection(*(set(by_k.get(K, {})) for K in ks)) if ks else set()
-    return sorted(common)
+def seeds_of(cells: Cells, arm: str, ks: list[int]) -> list[int]:
+    """The seeds `arm` ran at every K of the ladder."""
+    by_k = cells.get(arm, {})
+    return sorted(set.intersection(*(set(by_k.get(K, {})) for K in ks))) if ks else []
 
 
-def score(cells: dict, cell: str, seed: int, ks: list[int]) -> float:
-    """The solved score: Σ over the K grid of the fraction of the answer gap closed."""
-    return sum(closed(cells[cell][K][seed]["answer_loss"]) for K in ks)
+def score(cells: Cells, arm: str, seed: int, ks: list[int]) -> float:
+    """The solved score: Σ over the K ladder of the fraction of the answer gap closed."""
+    return sum(closed(cells[arm][K][seed]["answer_loss"]) for K in ks)
 
 
-def largest_solved(cells: dict, cell: str, seed: int, ks: list[int]) -> int | None:
-    """The largest K of the grid solved (answer accuracy ≥ SOLVED); None when none is."""
-    solved = [K for K in ks if cells[cell][K][seed]["answer_acc"] >= hdp.SOLVED]
+def largest_solved(cells: Cells, arm: str, seed: int, ks: list[int]) -> int | None:
+    """The largest K of the ladder solved (answer accuracy ≥ SOLVED); None when none is."""
+    solved = [K for K in ks if cells[arm][K][seed]["answer_acc"] >= hdp.SOLVED]
     return max(solved) if solved else None
 
 
-def roles(run: dict) -> dict[str, dict[int, str]]:
-    """{"sfa", "full"} → {n: cell} of the run's Hidden Decoding cells (run.json params), the first of each kind."""
-    out: dict[str, dict[int, str]] = {"sfa": {}, "full": {}}
-    for name in run["params"]["grid"]:
-        c = run["params"]["cells"][name]
-        if name != PAUSE_CELL and c.get("tables", "separate") == "separate" and c.get("start", "open") == "open":
-            out[c.get("attention", "sfa")].setdefault(c["n_streams"], name)
+def gains(cells: Cells, arms: dict[str, CellConfig], ks: list[int]) -> dict[str, dict[int, list[float]]]:
+    """Per-seed solved(arm) − solved(n = 1) of the Hidden Decoding arms (separate tables, the open start), by
+    attention and n, paired by seed."""
+    if "n1" not in cells:
+        raise ValueError("the parity probe needs its n = 1 arm")
+    out: dict[str, dict[int, list[float]]] = {"sfa": {}, "full": {}}
+    for arm, c in sorted(arms.items()):
+        if c.n_streams > 1 and arm == f"n{c.n_streams}{'' if c.attention == 'sfa' else c.attention}":
+            seeds = [s for s in seeds_of(cells, arm, ks) if s in seeds_of(cells, "n1", ks)]
+            out[c.attention][c.n_streams] = [score(cells, arm, s, ks) - score(cells, "n1", s, ks) for s in seeds]
     return out
 
 
-def gains(cells: dict, run: dict, ks: list[int]) -> dict[str, dict[int, list[float]]]:
-    """Per-seed solved(cell) − solved(n = 1), by attention and n, paired by seed."""
-    r, out = roles(run), {"sfa": {}, "full": {}}
-    n1 = r["sfa"].get(1)
-    if n1 is None:
-        raise ValueError("the parity probe needs its n = 1 cell")
-    for kind, by_n in r.items():
-        for n, cell in sorted(by_n.items()):
-            if n > 1:
-                seeds = [s for s in seeds_of(cells, cell, ks) if s in seeds_of(cells, n1, ks)]
-                out[kind][n] = [score(cells, cell, s, ks) - score(cells, n1, s, ks) for s in seeds]
-    return out
+def premises(cells: Cells, ks: list[int]) -> list[dict]:
+    """Room and the positive control at the K compared (the ladder's largest)."""
+    K = max(ks)
+    pause = [m["answer_acc"] for _, m in sorted(cells.get(PAUSE, {}).get(K, {}).items())]
+    return hdp.parity_premises(K, pause, [closed(m["answer_loss"]) for _, m in sorted(cells["n1"][K].items())])
 
 
-def premises(cells: dict, run: dict, ks: list[int]) -> list[dict]:
-    """Room and the positive control at the K compared (the grid's largest), from the committed cells."""
-    K, n1 = max(ks), roles(run)["sfa"][1]
-    control = run.get("positive_control")
-    pause = [m["answer_acc"] for _, m in sorted(cells.get(control, {}).get(K, {}).items())] if control else []
-    return hdp.parity_premises(K, pause, [closed(m["answer_loss"]) for _, m in sorted(cells[n1][K].items())])
-
-
-def regime(cells: dict, run: dict, n: int) -> dict:
-    r = roles(run)
-    one = next(iter(cells[r["sfa"][1]][max(grid(cells))].values()))
+def regime(cells: Cells, n: int, ks: list[int]) -> dict:
+    one = next(iter(cells["n1"][max(ks)].values()))
     return hdp.regime(n, params=one["params"], non_embedding_params=None, tokens=one["tokens"], steps=one["steps"],
                       probe=True)
 
 
-def entries(folder: Path, run: dict) -> list[dict]:
-    """The part's ledger entries (scalelab.analysis.claims): n > 1 solves more of the grid than n = 1, with SFA and
-    with full attention; the gain grows with n (SFA); SFA keeps ≥ sfa_fraction of full attention's gain."""
-    cells = read_metrics(folder)
-    ks = grid(cells)
-    level, f = run["params"]["claims"]["level"], run["params"]["claims"]["sfa_fraction"]
-    base, g = premises(cells, run, ks), gains(cells, run, ks)
-    grid_text = f"K ∈ {{{', '.join(map(str, ks))}}}"
-    metric = f"solved(n) − solved(n = 1), solved = Σ over {grid_text} of (ln 2 − answer loss) / ln 2"
+def study(folder: Path) -> list[dict]:
+    """The hd-parity study's ledger (its spec's generator), from its params.yaml and committed cells."""
+    return entries(config(folder), study_files(folder))
+
+
+def entries(hd: HiddenDecodingConfig, files: Mapping[str, Path]) -> list[dict]:
+    """The ledger: n > 1 solves more of the ladder than n = 1, with SFA and with full attention; the gain grows with
+    n (SFA); SFA keeps ≥ sfa_fraction of full attention's gain."""
+    cells, arms = read_cells(hd, files)
+    ks = ladder(cells)
+    level, f = hd.claims.level, hd.claims.sfa_fraction
+    base, g = premises(cells, ks), gains(cells, arms, ks)
+    metric = f"solved(n) − solved(n = 1), solved = Σ over K ∈ {{{', '.join(map(str, ks))}}} of (ln 2 − answer loss) / ln 2"
 
     def entry(id, text, metric, diffs, n, extra=(), published=hdr.PUBLISHED):
-        return ledger.claim(id, text, metric, diffs, published, level, regime=regime(cells, run, n),
-                            premises=[*base, *extra])
+        return ledger.claim(id, f"parity probe: {text}", metric, diffs, published, level,
+                            regime=regime(cells, n, ks), premises=[*base, *extra])
 
     out = []
     for kind, label in (("sfa", "SFA"), ("full", "full attention")):
@@ -148,35 +167,37 @@ def entries(folder: Path, run: dict) -> list[dict]:
     return out
 
 
-def summary(folder: Path) -> dict:
-    """Per cell and seed: the largest K solved, the solved score, the answer loss and accuracy at each K."""
-    cells = read_metrics(folder)
-    ks = grid(cells)
-    rows = []
-    for cell in cells:
-        for seed in seeds_of(cells, cell, ks):
-            by_k = {str(K): cells[cell][K][seed] for K in ks}  # str: the keys JSON keeps
-            first = by_k[str(ks[0])]
-            rows.append({"cell": cell, "seed": seed, "n_streams": first["n_streams"], "attention": first["attention"],
-                         "pauses": {K: m["pauses"] for K, m in by_k.items()},
-                         "largest_solved": largest_solved(cells, cell, seed, ks),
-                         "solved": score(cells, cell, seed, ks),
-                         "answer_loss": {K: m["answer_loss"] for K, m in by_k.items()},
-                         "answer_acc": {K: m["answer_acc"] for K, m in by_k.items()},
-                         "steps": first["steps"], "cpu_s": sum(m["cpu_s"] for m in by_k.values())})
-    return {"ks": ks, "solved_accuracy": hdp.SOLVED, "cells": rows}
+def gain_rows(hd: HiddenDecodingConfig, files: Mapping[str, Path]) -> list[dict]:
+    """The mean solved-score gain over n = 1 by n (n = 1: 0), with SFA and with full attention: the gain-vs-n curve."""
+    cells, arms = read_cells(hd, files)
+    g = gains(cells, arms, ladder(cells))
+    mean = lambda d: statistics.fmean(d) if d else None  # noqa: E731
+    return [{"n_streams": n, "gain_tokens": 0.0 if n == 1 else mean(g["sfa"].get(n, [])),
+             "gain_full": 0.0 if n == 1 else mean(g["full"].get(n, []))} for n in sorted({1, *g["sfa"], *g["full"]})]
 
 
-def largest_table(summary: dict) -> str:
-    """The largest K solved by each cell, per seed, with its answer accuracy and loss at each K (summary.json)."""
-    ks = summary["ks"]
-    head = " | ".join(f"K = {K}: acc / loss" for K in ks)
-    rows = [f"| cell | seed | n | attention | pause tokens | largest K solved (acc ≥ {summary['solved_accuracy']}) | "
-            f"solved score | {head} |", "|---" * (7 + len(ks)) + "|"]
-    for r in summary["cells"]:
-        at = " | ".join(f"{r['answer_acc'][str(K)]:.3f} / {r['answer_loss'][str(K)]:.4f}" for K in ks)
-        largest = "none" if r["largest_solved"] is None else str(r["largest_solved"])
-        pauses = "K" if any(r["pauses"].values()) else "–"
-        rows.append(f"| {r['cell']} | {r['seed']} | {r['n_streams']} | {r['attention']} | {pauses} | {largest} | "
-                    f"{r['solved']:+.3f} | {at} |")
+def largest_table(cells_dir: Path) -> str:
+    """`largest_markdown` of a study's committed cells (`cells_dir`: its cells/ folder, as a README's generated
+    block names it)."""
+    folder = Path(cells_dir).parent
+    return largest_markdown(config(folder), study_files(folder))
+
+
+def largest_markdown(hd: HiddenDecodingConfig, files: Mapping[str, Path]) -> str:
+    """Per arm: the largest K solved (answer accuracy ≥ SOLVED) in each seed, the solved score (mean over seeds) and
+    the answer accuracy at each K (mean, and the lowest seed's)."""
+    cells, _ = read_cells(hd, files)
+    ks = ladder(cells)
+    head = " | ".join(f"K = {K}: acc (lowest)" for K in ks)
+    rows = [f"| arm | seeds | largest K solved, per seed | solved score | {head} |", "|---" * (4 + len(ks)) + "|"]
+    order = sorted(cells, key=lambda a: (a != "n1", a != PAUSE, a))
+    for arm in order:
+        seeds = seeds_of(cells, arm, ks)
+        if not seeds:
+            continue
+        largest = ", ".join("none" if (k := largest_solved(cells, arm, s, ks)) is None else str(k) for s in seeds)
+        solved = statistics.fmean(score(cells, arm, s, ks) for s in seeds)
+        acc = " | ".join(f"{statistics.fmean(a := [cells[arm][K][s]['answer_acc'] for s in seeds]):.3f} "
+                         f"({min(a):.3f})" for K in ks)
+        rows.append(f"| {arm} | {len(seeds)} | {largest} | {solved:.2f} | {acc} |")
     return "\n".join(rows)

@@ -2,14 +2,15 @@
 committed per-cell metrics and run.json by today's code, and the study's one ledger (claims_c.json), the generator
 its study.json names.
 
-Parts: synthetic probes (`run_probe.py`; v1 `probe/`, v2 `probe-k3/`, v3 `probe-v3/`), the parity probe
-(`run_parity.py`, `parity/`: scalelab.analysis.hd_parity) and continued pretraining of SmolLM2-135M (`run_cpt.py`;
-`cpt/` at 6 steps, `cpt-20/` at 20; its start measured by `run_cpt_start.py`, `cpt-start/`, no ledger entry). The
-ledger holds v3, the parity probe and the 20-step run, the later run of each kind (v1 and v2 predate the design
-changes of v3; the 6-step run is the 20-step one's earlier budget);
-every part's own claims.json is rewritten by `write_parts`. A probe's premises come from the exact floor of its
-validation windows (scalelab.analysis.window_floor); a continued pretraining's from the n = 2 − n = 1 gap over the
-budgets run with the same setup (6 then 20 steps: no run logged a step-0 or intermediate validation).
+Its parts ran from scripts since retired (each part's run.json names its command and commit): synthetic probes (v1
+`probe/`, v2 `probe-k3/`, v3 `probe-v3/`) and continued pretraining of SmolLM2-135M (`cpt/` at 6 steps, `cpt-20/` at
+20; its start measured in `cpt-start/`, no ledger entry). The probes are superseded by the parity probe (the hd-parity
+study, scalelab.analysis.hd_parity), the continued pretraining and its start by the hd-cpt study. The ledger holds v3
+and the 20-step run, the later run of each kind (v1 and v2 predate the design changes of v3; the 6-step run is the
+20-step one's earlier budget); every part's own claims.json is rewritten by `write_parts`. A probe's premises come
+from the exact floor of its validation windows (scalelab.analysis.window_floor); a continued pretraining's from the
+n = 2 − n = 1 gap over the budgets run with the same setup (6 then 20 steps: no run logged a step-0 or intermediate
+validation).
 
     python -m scalelab.analysis.hd_study results/hidden-decoding     # rewrite claims_c.json and the parts' ledgers
 """
@@ -23,7 +24,6 @@ import statistics
 from pathlib import Path
 
 from scalelab.analysis import claims as ledger
-from scalelab.analysis import hd_parity
 from scalelab.analysis import hd_premises as hdp
 from scalelab.analysis import hidden_decoding as hdr
 from scalelab.analysis.window_floor import Floors, sum_task_floors
@@ -32,8 +32,7 @@ from scalelab.data.sum_task import SumTask
 
 PROBES = ("probe", "probe-k3", "probe-v3")
 CPT = ("cpt", "cpt-20")  # the same setup at growing budgets, in order
-PARITY = ("parity",)
-LEDGER = ("probe-v3", "parity", "cpt-20")
+LEDGER = ("probe-v3", "cpt-20")
 DEFAULT_TASK = SumTask(5, 7, 7)  # run_probe.py's task when its command names none
 BUDGET_KEYS = ("max_steps", "val_every", "ckpt_every")
 
@@ -46,12 +45,11 @@ def _run(folder: Path, part: str) -> dict:
 
 
 def kind_of(run: dict) -> str:
-    """"probe", "parity" or "cpt": which script ran the part (its recorded command)."""
-    for kind, script in (("probe", "run_probe.py"), ("parity", "run_parity.py"), ("cpt", "run_cpt.py")):
+    """"probe" or "cpt": which retired script ran the part (its recorded command)."""
+    for kind, script in (("probe", "run_probe.py"), ("cpt", "run_cpt.py")):
         if script in run.get("command", ""):
             return kind
-    raise ValueError(f"run.json command {run.get('command')!r} names none of run_probe.py, run_parity.py, "
-                     "run_cpt.py")
+    raise ValueError(f"run.json command {run.get('command')!r} names neither run_probe.py nor run_cpt.py")
 
 
 def part_config(run: dict) -> HiddenDecodingConfig:
@@ -116,8 +114,6 @@ def _curves(folder: Path, part: str) -> dict[str, dict[int, list[tuple[float, fl
 def part_entries(folder: Path, part: str) -> list[dict]:
     """The ledger entries of one part, as today's code derives them from its committed metrics."""
     folder, run = Path(folder), _run(Path(folder), part)
-    if kind_of(run) == "parity":  # its own cells (K grid, answer tokens) and claims
-        return hd_parity.entries(folder / part, run)
     hd = part_config(run)
     cells = hdr.collect(folder / part / "metrics", hd)
     cmp = hdr.comparisons(cells, hd)
@@ -136,9 +132,6 @@ def part_label(folder: Path, part: str, entries: list[dict]) -> str:
     """How the study's ledger names a part's rows: the task and the n = 1 model's measured room for a probe, the
     budget (from the entries' regime) for a continued pretraining."""
     run = _run(Path(folder), part)
-    if kind_of(run) == "parity":
-        ks = hd_parity.grid(hd_parity.read_metrics(Path(folder) / part))
-        return f"parity probe, K ∈ {{{', '.join(map(str, ks))}}} bits (a 2-layer Llama from scratch)"
     if kind_of(run) == "probe":
         hd = part_config(run)
         closed = probe_floors(run).closed(_n1_loss(hdr.collect(Path(folder) / part / "metrics", hd), hd))
@@ -161,7 +154,7 @@ def study_ledger(folder: Path) -> list[dict]:
 def write_parts(folder: Path) -> None:
     """Rewrite every part's claims.json and the study's ledger from the committed metrics."""
     folder = Path(folder)
-    for part in PROBES + PARITY + CPT:
+    for part in PROBES + CPT:
         ledger.write_claims(folder / part / "claims.json", part_entries(folder, part))
     meta = json.loads((folder / "study.json").read_text())
     ledger.write_claims(folder / meta["ledger"], study_ledger(folder))

@@ -3,6 +3,7 @@ equal training FLOPs, SFA against full attention, their claims-ledger entries an
 
 Roles of the grid's cells, read from their params (hidden_decoding.cells):
     base[n]     n streams, SFA, the base token budget           equal tokens: base[1] vs base[n]
+    warm[n]     as base[n], after a table-only warm-up          its gain:     base[1] vs warm[n]
     full[n]     n streams, full attention, the base budget      full's gain:  base[1] vs full[n]
     control[n]  one stream, FLOPs matched to base[n]            equal FLOPs:  control[n] vs base[n]
     tied[n]     n streams, SFA, one shared table                tables:       tied[n] vs base[n]
@@ -35,11 +36,16 @@ PUBLISHED_SFA = "Hidden Decoding (WeLM-HD4): SFA in place of full attention at n
 
 
 def roles(hd: HiddenDecodingConfig) -> dict[str, dict[int, str]]:
-    """{"base", "full", "control", "tied"} → {n_streams: cell name} over the cells of `hd.grid` (first one wins)."""
-    out: dict[str, dict[int, str]] = {"base": {}, "full": {}, "control": {}, "tied": {}}
-    for name in hd.grid:
+    """{"base", "warm", "full", "control", "tied"} → {n_streams: cell name} over the grid's trained cells (first one
+    wins)."""
+    out: dict[str, dict[int, str]] = {"base": {}, "warm": {}, "full": {}, "control": {}, "tied": {}}
+    for name in trained(hd):
         c = hd.cells[name]
-        if c.flops_of is None and c.tables == "tied" and c.n_streams > 1:
+        if c.table_warmup and c.flops_of is None and c.tables == "separate" and c.attention == "sfa":
+            out["warm"].setdefault(c.n_streams, name)
+        elif c.table_warmup:
+            continue
+        elif c.flops_of is None and c.tables == "tied" and c.n_streams > 1:
             out["tied"].setdefault(c.n_streams, name)
         elif c.flops_of is None and c.tables == "separate":
             out["base" if c.attention == "sfa" else "full"].setdefault(c.n_streams, name)
@@ -48,12 +54,17 @@ def roles(hd: HiddenDecodingConfig) -> dict[str, dict[int, str]]:
     return out
 
 
+def trained(hd: HiddenDecodingConfig) -> list[str]:
+    """The grid's cells that train (a `forward_only` cell is a start measured, no arm of a claim)."""
+    return [c for c in hd.grid if not hd.cells[c].forward_only]
+
+
 def collect(metrics: str | Path | Mapping[str, Path], hd: HiddenDecodingConfig) -> dict[str, dict[int, dict]]:
-    """{cell: {seed: metrics}} from metrics/hidden_decoding/<cell>-<seed>.json of the current grid (`metrics`: that
-    folder, or a study's committed files by name); a missing file is an error naming it (files of cells no longer in
-    the grid are ignored)."""
+    """{cell: {seed: metrics}} from metrics/hidden_decoding/<cell>-<seed>.json of the grid's trained cells
+    (`metrics`: that folder, or a study's committed files by name); a missing file is an error naming it (files of
+    cells no longer in the grid are ignored)."""
     out: dict[str, dict[int, dict]] = {}
-    for cell in hd.grid:
+    for cell in trained(hd):
         for seed in hd.seeds:
             name = f"{cell}-{seed}.json"
             path = Path(metrics.get(name, name) if isinstance(metrics, Mapping) else Path(metrics) / name)
@@ -81,6 +92,7 @@ def comparisons(cells: dict[str, dict[int, dict]], hd: HiddenDecodingConfig) -> 
         "gain_tokens": {n: paired(cells, base1, c) for n, c in r["base"].items() if n > 1 and base1},
         "gain_flops": {n: paired(cells, r["control"][n], c) for n, c in r["base"].items() if n in r["control"]},
         "gain_full": {n: paired(cells, base1, c) for n, c in r["full"].items() if n > 1 and base1},
+        "gain_warm": {n: paired(cells, base1, c) for n, c in r["warm"].items() if n > 1 and base1},
         "sfa_minus_full": {n: paired(cells, c, r["full"][n]) for n, c in r["base"].items() if n in r["full"]},
         "tables": {n: paired(cells, c, r["base"][n]) for n, c in r["tied"].items() if n in r["base"]},
     }
@@ -163,6 +175,9 @@ def claims(cmp: dict[str, dict[int, list[float]]], setting: Setting, sfa_fractio
             out.append(entry(f"C.grows.{tag}.n{lo}-n{hi}", f"the gain grows with n at {where}: n = {hi} beats n = {lo}",
                              f"gain(n={hi}) − gain(n={lo})", grow, PUBLISHED, hi, "grows",
                              [("base", lo), ("base", hi)], [ref]))
+    for n, gains in sorted(cmp.get("gain_warm", {}).items()):
+        out.append(entry(f"C.gain.warm.n{n}", f"n = {n} after a table-only warm-up lowers val loss vs n = 1 at equal "
+                         "tokens", "val_loss(n=1) − val_loss(n, warm-up)", gains, PUBLISHED, n, "gain", [("warm", n)]))
     for n, gains in sorted(cmp["gain_full"].items()):
         out.append(entry(f"C.gain.full.n{n}", f"full attention at n = {n} lowers val loss vs n = 1 at equal tokens",
                          "val_loss(n=1) − val_loss(full, n)", gains, PUBLISHED_SFA, n, "full", [("full", n)]))

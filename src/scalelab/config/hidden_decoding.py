@@ -1,7 +1,8 @@
 """params section `hidden_decoding`: continued pretraining of n-stream models (docs/hidden-decoding.md).
 
     hidden_decoding:
-      source: {cell: standard-m-base-0}        # or {path: <HF Llama/Qwen3 folder or hub id>}
+      source: {cell: standard-m-base-0}        # or {path: <HF Llama/Qwen3 folder or hub id>}, or {init: {...}}: a
+                                               # random Llama of that shape (a probe trained from scratch)
       source_dep: data/pretrain/standard-m-base-0/model/hf   # what DVC tracks for `source` (checked to match)
       positions: per_layer                     # RoPE position of (i, s): i in within-stream layers, n·i+s in mixing
       mixing_layers: null                      # null: every k-th layer counted back from the last (k = 2..4)
@@ -11,6 +12,8 @@
               n1_flops_n4: {n_streams: 1, flops_of: {n_streams: 4}},
               n2gated: {n_streams: 2, start: gated}, ...}   # start gated: n > 1 at step 0 is the backbone
                                                            # (needs positions: shared)
+      # a probe: train.corpus parity (train.parity), each cell its K (`bits`), the control its pause tokens:
+      #   cells: {n1-k8: {bits: 8}, pause-k8: {bits: 8, pauses: 8}, n2-k8: {n_streams: 2, bits: 8}}
       grid: [n1, n4full, n1_flops_n4]          # the cells dvc.yaml runs, × seeds
 """
 
@@ -24,6 +27,8 @@ from pydantic import model_validator
 from scalelab.config.base import Fraction, NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
 from scalelab.config.optim import OptimizerConfig, ScheduleConfig
 from scalelab.config.source import NAME, ModelSource
+
+Positions = Literal["shared", "interleaved", "per_layer"]
 
 
 class StreamsConfig(Strict):
@@ -55,7 +60,7 @@ def default_mixing(n_layer: int) -> list[int]:
 class HiddenDecodingModelConfig(StreamsConfig):
     """Everything that defines an n-stream model on top of its backbone; saved beside its Hugging Face files."""
 
-    positions: Literal["shared", "interleaved", "per_layer"] = "per_layer"  # see POSITIONS
+    positions: Positions = "per_layer"  # see POSITIONS
     mixing_layers: list[NonNegInt] | None = None  # None: default_mixing
     local_layers: list[NonNegInt] = []  # local cross-stream layers (see `local`); none by default
     local_window: PosInt = 4  # tokens (all their streams) a local layer's query reads, its own included
@@ -121,9 +126,45 @@ class HiddenDecodingModelConfig(StreamsConfig):
 
 class CellConfig(StreamsConfig):
     """One matrix cell. `flops_of`: train on as many tokens as make this cell's training FLOPs equal those of a
-    model with those streams on the base budget (the equal-FLOPs control; counted analytically)."""
+    model with those streams on the base budget (the equal-FLOPs control; counted analytically).
+
+    On the parity corpus (`train.corpus: parity`) every cell names its task: `bits` (K) and `pauses`, the pause tokens
+    before the answer (the positive control's kind: one stream with extra positions at the answer).
+    `positions` and `embed_noise` set the section's for this cell alone; `forward_only` trains nothing: the cell is
+    its model at step 0 scored on the validation windows (how far a start is from its backbone). `table_warmup`: the
+    first steps train only what Hidden Decoding adds (the extra tables, a gated start's gates), the backbone frozen,
+    so it keeps its function while the hidden streams find a use (beyond the sources; n > 1)."""
 
     flops_of: StreamsConfig | None = None
+    bits: PosInt | None = None
+    pauses: NonNegInt = 0
+    positions: Positions | None = None
+    embed_noise: NonNegFloat | None = None
+    forward_only: bool = False
+    table_warmup: NonNegInt = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "CellConfig":
+        if self.pauses and self.n_streams > 1:
+            raise ValueError(f"pauses {self.pauses} with n_streams {self.n_streams}: pause tokens are the one-stream "
+                             "control")
+        if self.pauses and self.bits is None:
+            raise ValueError("pauses without bits: pause tokens belong to the parity task")
+        if self.forward_only and self.flops_of is not None:
+            raise ValueError("forward_only with flops_of: a cell that trains nothing has no budget to match")
+        if self.table_warmup and self.n_streams == 1:
+            raise ValueError(f"table_warmup {self.table_warmup} with n_streams 1: one stream adds no table to warm up")
+        return self
+
+
+class ParityConfig(Strict):
+    """The parity corpus (`corpus: parity`): token streams of whole blocks `b1 … bK | P… a`, the training windows
+    drawn at block boundaries and the validation windows cut there, so every answer in a window follows its K
+    bits (scalelab.data.parity_task)."""
+
+    blocks: PosInt = 1  # whole blocks per window: a cell's seq_len is blocks × its block length (K + 2 + pauses)
+    val_windows: PosInt = 256  # fixed validation windows (val_tokens = val_windows × seq_len)
+    tokens: PosInt = 1_000_000  # of the train stream (the validation stream: a tenth, from another generator)
 
 
 class HDTrainConfig(Strict):
@@ -132,10 +173,13 @@ class HDTrainConfig(Strict):
 
     `corpus`: the token streams cells train on. "shards": the pipeline's token shards (their vocabulary must be the
     backbone's); "text": the prepared corpus encoded with the backbone's own tokenizer, `text_tokens` tokens of each
-    split (scalelab.compress.data.from_text); "auto": shards for a pretrain cell, text for any other model."""
+    split (scalelab.compress.data.from_text); "auto": shards for a pretrain cell, text for any other model;
+    "parity": the parity task (scalelab.data.parity_task) of each cell's `bits` and `pauses`, its windows whole blocks
+    (`parity`), seq_len and val_tokens then following from them."""
 
-    corpus: Literal["auto", "shards", "text"] = "auto"
+    corpus: Literal["auto", "shards", "text", "parity"] = "auto"
     text_tokens: PosInt = 1_000_000
+    parity: ParityConfig = ParityConfig()
 
     seq_len: PosInt = 64  # tokens per window (each becomes n_streams positions)
     batch_size: PosInt = 8
@@ -159,6 +203,9 @@ class HDTrainConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "HDTrainConfig":
+        if self.corpus == "parity" and (given := sorted({"seq_len", "val_tokens"} & self.model_fields_set)):
+            raise ValueError(f"hidden_decoding.train.{given[0]} with corpus parity: a cell's windows are "
+                             "parity.blocks whole blocks of its task (set parity.blocks, parity.val_windows)")
         if self.batch_size % (self.accumulate * self.devices):
             raise ValueError(f"hidden_decoding.train.batch_size ({self.batch_size}) must split evenly into "
                              f"accumulate ({self.accumulate}) micro-batches on each of {self.devices} devices")
@@ -173,11 +220,43 @@ class HDClaimsConfig(Strict):
     level: Fraction = 0.95  # of the t interval behind every verdict
 
 
+class BackboneShape(Strict):
+    """A Llama's shape (heads of d_model / n_head dimensions; n_kv_head None: as many as n_head)."""
+
+    n_layer: PosInt = 2
+    d_model: PosInt = 32
+    n_head: PosInt = 4
+    n_kv_head: PosInt | None = None
+    d_ff: PosInt = 64
+    rope_theta: PosFloat = 10000.0
+
+    @model_validator(mode="after")
+    def _check(self) -> "BackboneShape":
+        if self.d_model % self.n_head or self.n_head % (self.n_kv_head or self.n_head):
+            raise ValueError(f"hidden_decoding.source.init: d_model {self.d_model}, n_head {self.n_head}, n_kv_head "
+                             f"{self.n_kv_head}: n_head must divide d_model and n_kv_head divide n_head")
+        return self
+
+
+# What DVC tracks for a random backbone: the code that draws it (its shape is in the tracked params).
+INIT_DEP = "src/scalelab/model/hidden_decoding_io.py"
+
+
+class RandomSource(Strict):
+    """A random Llama of shape `init`, drawn from torch's RNG seeded by the cell's seed, so every cell of a seed
+    starts from the same weights: a probe trained from scratch. Its vocabulary is its corpus's."""
+
+    init: BackboneShape
+
+    def location(self) -> str:
+        return f"a random Llama {self.init.model_dump_json()}"
+
+
 class HiddenDecodingConfig(Strict):
-    source: ModelSource = ModelSource(cell="standard-m-base-0")
+    source: ModelSource | RandomSource = ModelSource(cell="standard-m-base-0")
     # dvc.yaml cannot branch on cell/path, so the folder DVC tracks is spelled out; must be source's own folder.
     source_dep: str = "data/pretrain/standard-m-base-0/model/hf"
-    positions: Literal["shared", "interleaved", "per_layer"] = "per_layer"
+    positions: Positions = "per_layer"
     mixing_layers: list[NonNegInt] | None = None
     local_layers: list[NonNegInt] = []
     local_window: PosInt = 4
@@ -191,10 +270,22 @@ class HiddenDecodingConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "HiddenDecodingConfig":
-        location = self.source.location()
-        if (self.source.cell is not None or Path(location).exists()) and Path(self.source_dep) != Path(location):
+        if self.random_init():
+            if self.source_dep != INIT_DEP:
+                raise ValueError(f"hidden_decoding.source_dep {self.source_dep!r}: a random backbone's is the code "
+                                 f"that draws it, {INIT_DEP!r} (the dependency DVC tracks)")
+        elif (self.source.cell is not None or Path(self.source.location()).exists()) and \
+                Path(self.source_dep) != Path(location := self.source.location()):
             raise ValueError(f"hidden_decoding.source_dep {self.source_dep!r} must be the source's folder "
                              f"{location!r} (the dependency DVC tracks)")
+        parity = self.train.corpus == "parity"
+        if stray := [c for c, v in self.cells.items() if (v.bits is None) == parity]:
+            raise ValueError(f"hidden_decoding.cells {stray}: " + (
+                "the parity corpus needs each cell's bits (K)" if parity else
+                "bits and pauses belong to the parity corpus (set train.corpus: parity)"))
+        if parity and not self.random_init():
+            raise ValueError("hidden_decoding.train.corpus parity: the task has its own vocabulary, so the backbone "
+                             "is a random one (source: {init: {...}})")
         for name in self.cells:
             if not NAME.match(name):
                 raise ValueError(f"hidden_decoding.cells: name {name!r}: only letters, digits, '_', '.', '-'")
@@ -210,7 +301,12 @@ class HiddenDecodingConfig(Strict):
 
     def uses_text(self) -> bool:
         """Whether cells train on the prepared corpus in the backbone's own tokens (see `corpus`)."""
-        return self.train.corpus == "text" or (self.train.corpus == "auto" and self.source.cell is None)
+        return self.train.corpus == "text" or (self.train.corpus == "auto" and not self.random_init()
+                                               and self.source.cell is None)
+
+    def random_init(self) -> bool:
+        """Whether the backbone is a random one drawn per seed (`source: {init: ...}`)."""
+        return isinstance(self.source, RandomSource)
 
     def model(self, cell: str) -> HiddenDecodingModelConfig:
         """The n-stream model of one cell."""
@@ -218,7 +314,8 @@ class HiddenDecodingConfig(Strict):
             raise ValueError(f"hidden_decoding.cells: unknown cell {cell!r}; known: {sorted(self.cells)}")
         c = self.cells[cell]
         return HiddenDecodingModelConfig(n_streams=c.n_streams, attention=c.attention, tables=c.tables,
-                                         start=c.start, positions=self.positions,
+                                         start=c.start, positions=c.positions or self.positions,
                                          mixing_layers=self.mixing_layers, local_layers=self.local_layers,
-                                         local_window=self.local_window, embed_noise=self.embed_noise,
+                                         local_window=self.local_window,
+                                         embed_noise=self.embed_noise if c.embed_noise is None else c.embed_noise,
                                          aux_loss_weight=self.aux_loss_weight)

@@ -9,27 +9,24 @@ to help (pause tokens; London & Kanade, arXiv 2505.21024, show two-layer causal 
 and not without): the `pauses` variant is the positive control of a probe that asks whether hidden streams do the
 same.
 
-The loss is read on the answer tokens of windows aligned to the blocks: the validation windows start at multiples of
-seq_len from a stream that starts at a block's first bit, so with seq_len a whole number of blocks (`seq_len`) each
-window starts at a block boundary and every answer in it follows all K of its bits (scalelab.analysis.hd_parity
-checks it with the window-floor machinery's own phase count). The task is also a finite-state source (`initial`,
-`emit`), the form scalelab.analysis.window_floor computes exact floors from.
+Every window is whole blocks: the streams start at a block's first bit, the training windows are drawn at block
+boundaries (`train_batch`) and the loader cuts the validation windows at multiples of seq_len (`seq_len`: a whole
+number of blocks), so every answer in a window follows all K of its bits and its loss is read against floor 0
+(scalelab.analysis.window_floor's phase count of the loader's windows checks it in the tests). The task is also a
+finite-state source (`initial`, `emit`), the form scalelab.analysis.window_floor computes exact floors from.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-
-from scalelab.data.shards import file_sha256
+import torch
 
 SEP, PAUSE, EVEN, ODD = 2, 3, 4, 5  # bits are 0 and 1
 VOCAB = 8  # the six tokens above, rounded up
-SHARD_TOKENS = 1_000_000  # train shard; the val shard gets a tenth, from another generator
+SHARD_TOKENS = 1_000_000  # train stream; the val stream gets a tenth, from another generator
 
 State = tuple[int, int]  # (position in the block 0..period−1, parity of the block's bits so far)
 
@@ -98,17 +95,24 @@ class ParityTask:
         return [(ODD if p else EVEN, 1.0, (0, 0))]
 
 
+    # ---- the streams and windows the cells train and validate on
+    def streams(self, tokens: int = SHARD_TOKENS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(train, val) token streams: `tokens` of train (generator `seed`) and a tenth of val (generator
+        `seed` + 1), whole blocks, each starting at a block's first bit."""
+        return tuple(self.tokens(np.random.default_rng(s), n).astype(np.uint16)
+                     for n, s in ((tokens, seed), (tokens // 10, seed + 1)))
+
+    def train_batch(self, tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_len: int,
+                    rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank `rank`'s rows (r::world_size) of step `step`'s batch of `batch_size` windows of seq_len tokens drawn
+        at block boundaries, a pure function of (seed, step) as the loader's `train_batch` (x = tokens[s : s+T],
+        y = tokens[s+1 : s+T+1])."""
+        if seq_len % self.period:
+            raise ValueError(f"{self.describe()}: seq_len {seq_len} is not a whole number of {self.period}-token blocks")
+        starts = np.random.Generator(np.random.PCG64([seed, step])).integers(
+            0, (len(tokens) - seq_len - 1) // self.period + 1, size=batch_size) * self.period
+        buf = torch.from_numpy(tokens[starts[rank::world_size, None] + np.arange(seq_len + 1)].astype(np.int64))
+        return buf[:, :-1], buf[:, 1:]
+
+
 BLIND_LOSS = math.log(2)  # the answer token's loss for a model that computes no part of the parity
-
-
-def write_task(folder: Path, task: ParityTask, tokens: int = SHARD_TOKENS, seed: int = 0) -> None:
-    """Token shards of the task in the loader's format: train (`tokens`, generator `seed`) and val (a tenth,
-    generator `seed` + 1), each starting at a block's first bit."""
-    folder.mkdir(parents=True, exist_ok=True)
-    name = f"parity-k{task.K}-pauses{task.pauses}"
-    meta = {"dtype": "uint16", "vocab_size": VOCAB, "eot_id": SEP, "tokenizer_sha256": name, "shards": {}}
-    for split, n, s in (("train", tokens, seed), ("val", tokens // 10, seed + 1)):
-        path = folder / f"{split}.bin"
-        task.tokens(np.random.default_rng(s), n).astype(np.uint16).tofile(path)
-        meta["shards"][split] = {"file": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    (folder / "meta.json").write_text(json.dumps(meta))

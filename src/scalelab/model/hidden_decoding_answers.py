@@ -1,8 +1,10 @@
-"""The last stream's loss and accuracy on selected targets (a probe's answer tokens), over fixed windows.
+"""The last stream's loss and accuracy on selected targets (a probe's answer tokens), and its loss per window, over
+fixed windows.
 
 A probe whose hard token is one of a block (the parity after its bits) reads its effect there, not in the mean over
-every token, which the unpredictable bits dominate. Same forward as training and validation (the model's own
-`forward`, logits of the last stream), in eval mode without gradients.
+every token, which the unpredictable bits dominate; two models compared on the same windows (a start against its
+backbone) are paired by window. Same forward as training and validation (the model's own `forward`, logits of the
+last stream), in eval mode without gradients.
 """
 
 from __future__ import annotations
@@ -36,3 +38,16 @@ def scored_targets(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor,
     if count == 0:
         raise ValueError("scored_targets: no target selected in the windows (wrong task or windows?)")
     return {"answer_loss": total / count, "answer_acc": correct / count, "answers": count}
+
+
+@torch.no_grad()
+def window_losses(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    """The mean cross-entropy of each window of `batches` (x, y), in order."""
+    was_training = model.training
+    model.eval()
+    try:
+        return [loss for x, y in batches
+                for loss in F.cross_entropy(model(x).logits.float().transpose(1, 2), y, reduction="none")
+                .mean(1).tolist()]
+    finally:
+        model.train(was_training)

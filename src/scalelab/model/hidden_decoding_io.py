@@ -22,7 +22,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from scalelab.config import HiddenDecodingModelConfig, ModelSource
-from scalelab.model.hf import DTYPES, load_causal_lm
+from scalelab.config.hidden_decoding import RandomSource
+from scalelab.model.hf import DTYPES, load_causal_lm, load_hf_config
 from scalelab.model.hidden_decoding import HiddenDecodingLM
 
 FORMAT, FORMAT_VERSION = "scalelab-hidden-decoding", 2
@@ -30,12 +31,34 @@ MODEL_TYPE = "scalelab_hidden_decoding"
 CONFIG_NAME, WEIGHTS_NAME = "hidden_decoding.json", "hidden_decoding.safetensors"
 
 
-def from_source(source: ModelSource, cfg: HiddenDecodingModelConfig,
-                device: str | torch.device = "cpu") -> HiddenDecodingLM:
-    """An n-stream model on a fresh backbone: a pretrain cell's Hugging Face export, or a Llama/Qwen3 folder or hub
-    id (safetensors, no remote code). The extra tables start as copies of the backbone's (torch's RNG draws the
-    noise)."""
-    return HiddenDecodingLM(load_causal_lm(source.location(), source.dtype, device), cfg)
+def backbone_config(source: ModelSource | RandomSource, vocab_size: int | None = None):
+    """The backbone's Hugging Face config without loading weights: a random source's Llama (untied, its vocabulary
+    `vocab_size`, the corpus's), else the source's own config.json (scalelab.model.hf.ModelLoadError if unreadable)."""
+    if not isinstance(source, RandomSource):
+        return load_hf_config(source.location())
+    from transformers import LlamaConfig
+
+    if vocab_size is None:
+        raise ValueError("a random backbone's vocabulary is its corpus's: pass vocab_size")
+    s = source.init
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=s.d_model, intermediate_size=s.d_ff,
+                       num_hidden_layers=s.n_layer, num_attention_heads=s.n_head,
+                       num_key_value_heads=s.n_kv_head or s.n_head, rope_theta=s.rope_theta,
+                       tie_word_embeddings=False)
+
+
+def from_source(source: ModelSource | RandomSource, cfg: HiddenDecodingModelConfig,
+                device: str | torch.device = "cpu", vocab_size: int | None = None) -> HiddenDecodingLM:
+    """An n-stream model on a fresh backbone: a pretrain cell's Hugging Face export, a Llama/Qwen3 folder or hub id
+    (safetensors, no remote code), or a random Llama (`backbone_config`) drawn from torch's RNG, which the caller
+    seeds. The extra tables start as copies of the backbone's (torch's RNG draws the noise, after the backbone)."""
+    if isinstance(source, RandomSource):
+        from transformers import LlamaForCausalLM
+
+        backbone = LlamaForCausalLM(backbone_config(source, vocab_size)).to(device).eval()
+    else:
+        backbone = load_causal_lm(source.location(), source.dtype, device)
+    return HiddenDecodingLM(backbone, cfg)
 
 
 def save_hidden_decoding(model: HiddenDecodingLM, out_dir: str | os.PathLike, tokenizer=None) -> None:

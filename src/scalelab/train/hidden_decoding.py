@@ -10,7 +10,11 @@ scalelab.model.hidden_decoding.flops_per_token).
 The token streams are the pipeline's shards for a pretrain cell, and for any other backbone the prepared corpus
 encoded with the backbone's own tokenizer (hidden_decoding.train.corpus; the compress stage's
 scalelab.compress.data), so a user's Hugging Face model continues on the project's documents without retokenizing
-the project.
+the project; or a probe's task (`corpus: parity`, scalelab.train.hidden_decoding_task) on a random backbone.
+
+Every run validates before its first step (the curve's step-0 row, `val_loss_start`): how far the cell starts from
+its backbone. A `forward_only` cell stops there: it trains nothing and records its step-0 loss per validation
+window, so a start's gap is read paired by window.
 """
 
 from __future__ import annotations
@@ -22,21 +26,24 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from scalelab.compress.data import from_text
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ScaleConfig
 from scalelab.config.machine import MACHINE_KEYS
 from scalelab.data import DataError, atomic_dir, check_windows, open_shards, write_json_atomic
-from scalelab.data.loader import Shards
+from scalelab.data.loader import Shards, val_batches
 from scalelab.model.hf import load_hf_tokenizer
 from scalelab.model.hidden_decoding import HiddenDecodingLM, flops_per_token
-from scalelab.model.hidden_decoding_io import from_source, save_hidden_decoding
+from scalelab.model.hidden_decoding_answers import window_losses
+from scalelab.model.hidden_decoding_io import backbone_config, from_source, save_hidden_decoding
 from scalelab.runtime import placement
+from scalelab.train import hidden_decoding_task as probe
 from scalelab.train.callbacks import MetricsFile, NonFiniteGuard, Progress, StepCheckpoint, Throughput, Validation
 from scalelab.train.datamodule import TokenDataModule
 from scalelab.train.fit import PRECISION_DTYPE, _code_digest, _device, _peak_mem_mb, peak_flops
@@ -49,14 +56,24 @@ if TYPE_CHECKING:
 
 
 def cell_steps(hd: HiddenDecodingConfig, cell: str, backbone_config) -> int:
-    """Optimizer steps of `cell`: the base budget, or the FLOP-matched one for a `flops_of` control."""
+    """Optimizer steps of `cell`: the base budget, the FLOP-matched one for a `flops_of` control, or 0 for a
+    `forward_only` cell."""
     c, base = hd.cells[cell], hd.train.max_steps
+    if c.forward_only:
+        return 0
     if c.flops_of is None:
         return base
     target = hd.model(cell).model_copy(update=c.flops_of.model_dump())
-    ratio = (flops_per_token(backbone_config, target, hd.train.seq_len)
-             / flops_per_token(backbone_config, hd.model(cell), hd.train.seq_len))
+    seq_len = probe.cell_train(hd, cell).seq_len
+    ratio = (flops_per_token(backbone_config, target, seq_len) / flops_per_token(backbone_config, hd.model(cell), seq_len))
     return max(1, round(base * ratio))
+
+
+def cell_backbone_config(hd: HiddenDecodingConfig, cell: str):
+    """The Hugging Face config of the cell's backbone, read before any compute (a random one's vocabulary is its
+    task's)."""
+    task = probe.task_of(hd, cell)
+    return backbone_config(hd.source, None if task is None else probe.VOCAB)
 
 
 def source_digest(location: str) -> str:
@@ -81,16 +98,22 @@ class Corpus:
 
 
 def backbone_tokenizer(hd: HiddenDecodingConfig):
-    """The tokenizer saved beside the backbone, or None (a folder of weights only)."""
+    """The tokenizer saved beside the backbone, or None (a folder of weights only, a random backbone)."""
+    if hd.random_init():
+        return None
     try:
         return load_hf_tokenizer(hd.source.location())
     except ValueError:
         return None
 
 
-def load_corpus(hd: HiddenDecodingConfig, shards_dir: str | Path, prepared_dir: str | Path, tokenizer) -> Corpus:
+def load_corpus(hd: HiddenDecodingConfig, cell: str, shards_dir: str | Path, prepared_dir: str | Path,
+                tokenizer) -> Corpus:
     """The pipeline's checksummed shards, or (hd.uses_text) the first `text_tokens` tokens of each prepared split
-    encoded with the backbone's tokenizer, documents joined by its EOS (as the compress stage encodes them)."""
+    encoded with the backbone's tokenizer, documents joined by its EOS (as the compress stage encodes them), or the
+    cell's parity task (scalelab.train.hidden_decoding_task)."""
+    if probe.task_of(hd, cell) is not None:
+        return Corpus(*probe.task_shards(hd, cell))
     if not hd.uses_text():
         shards = open_shards(shards_dir)
         sums = {k: v["sha256"] for k, v in shards.meta["shards"].items()}
@@ -110,9 +133,12 @@ def config_hash(hd: HiddenDecodingConfig, cell: str, seed: int, steps: int, corp
     """Everything that fixes a cell's trajectory: its model, the train section, its budget, the seed, the backbone's
     files, the data's identity and the training code. A checkpoint resumes only under the same hash."""
     machine = set(MACHINE_KEYS["hidden_decoding.train"])  # where it runs is no part of the trajectory
-    blob = {"model": hd.model(cell).model_dump(mode="json"), "train": hd.train.model_dump(mode="json", exclude=machine),
-            "steps": steps, "seed": seed, "source": hd.source.model_dump(mode="json"),
-            "backbone": source_digest(hd.source.location()), "data": corpus.digest, "code": _code_digest()}
+    train = probe.cell_train(hd, cell).model_dump(mode="json", exclude=machine)
+    backbone = None if hd.random_init() else source_digest(hd.source.location())  # a random one: its shape, seed
+    blob = {"model": hd.model(cell).model_dump(mode="json"), "cell": hd.cells[cell].model_dump(mode="json"),
+            "train": train, "steps": steps, "seed": seed,
+            "source": hd.source.model_dump(mode="json"), "backbone": backbone, "data": corpus.digest,
+            "code": _code_digest()}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -136,44 +162,75 @@ def table_spread(model: HiddenDecodingLM) -> float | None:
     return statistics.fmean(float((t.weight.float() - e1).norm() / e1.norm()) for t in model.extra_embeds)
 
 
+class StartValidation(Callback):
+    """The validation loss before the first step as the curve's step-0 row, logged with the others: how far the
+    cell starts from its backbone. A resumed run's curve holds it already (the curve is in the checkpoint)."""
+
+    def __init__(self, curve: MetricsFile) -> None:
+        self.curve = curve
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if pl_module.step == 0 and not self.curve.rows:
+            loss = pl_module.evaluate(trainer.datamodule.val_share())
+            self.curve.rows.append([0, 0, None, loss, None])
+            self.curve.pending.append((0, int(time.time() * 1000), {"val/loss": loss}))
+
+
+class TableWarmup(Callback):
+    """The cell's `table_warmup`: before step `steps` the backbone's weights take no gradient (AdamW skips them,
+    their decay included), so only the extra tables and a gated start's gates train."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        for p in pl_module.model.backbone.parameters():
+            p.requires_grad_(pl_module.step >= self.steps)
+
+
 def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path, shards_dir: str | Path,
              run: StageRun | None = None, plot: Path | None = None, prepared_dir: str | Path = "data/prepared",
-             corpus: Corpus | None = None,
-             evaluate: Callable[[HiddenDecodingLM, Shards], dict] | None = None) -> dict:
+             corpus: Corpus | None = None) -> dict:
     """Continue the backbone as `cell` into `out_dir` (ckpt/ persistent; model/ with the Hugging Face folder plus
     extra tables, curve.csv and metrics.json); return its final metrics. `plot`: a second copy of curve.csv.
     `corpus`: the streams if already loaded (load_corpus), else loaded from `shards_dir` or `prepared_dir`.
-    `evaluate(model, shards)`: extra metrics of the trained model (a probe's answer tokens), merged in.
     `table_spread_start` and `table_spread` (`table_spread` at init and at the end) say whether separate tables
-    moved apart."""
-    start_time, tc, out_dir = time.perf_counter(), hd.train, Path(out_dir)
+    moved apart; on the parity corpus the answer token's loss and accuracy are in too."""
+    start_time, tc, out_dir = time.perf_counter(), probe.cell_train(hd, cell), Path(out_dir)
     tokenizer = backbone_tokenizer(hd)  # None: the vocabulary size check alone
-    corpus = corpus or load_corpus(hd, shards_dir, prepared_dir, tokenizer)
-    shards = corpus.shards
+    corpus = corpus or load_corpus(hd, cell, shards_dir, prepared_dir, tokenizer)
+    shards, task = corpus.shards, probe.task_of(hd, cell)
     placement.set_torch_threads(tc.threads)
     device = _device(tc.accelerator)
     cfg: HiddenDecodingModelConfig = hd.model(cell)
-    L.seed_everything(seed, verbose=False)  # the extra tables' noise is a function of the seed
-    model = from_source(hd.source, cfg, device).train()  # loaded in eval mode; Lightning keeps a module's mode
+    L.seed_everything(seed, verbose=False)  # a random backbone and the extra tables' noise: functions of the seed
+    model = from_source(hd.source, cfg, device, shards.vocab_size).train()  # Lightning keeps a module's mode
     spread_start = table_spread(model)  # before a resumed checkpoint's weights: the init's noise
     # Data checks before the checkpoint folder is claimed: a run that fails them leaves it as it was.
     check_vocab(model, shards.vocab_size, tokenizer if not hd.uses_text() else None)
     check_windows(len(shards.train), len(shards.val), seq_len=tc.seq_len, val_tokens=tc.val_tokens)
     total = cell_steps(hd, cell, model.backbone.config)
-    datamodule = TokenDataModule(shards, tc.model_copy(update={"max_steps": total}), seed)
+    tokens_per_step, fpt = tc.batch_size * tc.seq_len, model.flops_per_token(tc.seq_len)
+    facts = {"n_streams": cfg.n_streams, "attention": cfg.attention, "mixing_layers": sorted(model.mixing_layers),
+             "local_layers": sorted(model.local_layers), "flops_per_token": fpt, "params": model.num_params()}
+    if total == 0:
+        return _forward_only(model, shards, tc, out_dir, plot, facts | (
+            probe.answer_metrics(model, task, shards, tc) if task else {}), start_time)
+    module = (TokenDataModule if task is None else partial(probe.BlockDataModule, task))
+    datamodule = module(shards, tc.model_copy(update={"max_steps": total}), seed)
     chash = config_hash(hd, cell, seed, total, corpus)
     resume = claim_ckpt_dir(out_dir / "ckpt", chash, run.run_id if run is not None else None, tc.keep_stale)
     peak = (tc.peak_flops or peak_flops(PRECISION_DTYPE[tc.precision], device)) * tc.devices
 
     lit = LitLM(model, optimizer=tc.optimizer, scale=ScaleConfig(), schedule=tc.schedule, total_steps=total,
                 accumulate=tc.accumulate, grad_clip=tc.grad_clip)
-    tokens_per_step, fpt = tc.batch_size * tc.seq_len, model.flops_per_token(tc.seq_len)
     throughput = Throughput(tokens_per_step, fpt, peak)
     curve = MetricsFile(tokens_per_step, tc.ckpt_every, total, logged_file=out_dir / "ckpt" / "metrics_logged.json",
                         run_id=run.run_id if run is not None else None)
     trainer = L.Trainer(
         accelerator=tc.accelerator, devices=tc.devices, precision=tc.precision, max_epochs=1, max_steps=-1,
-        callbacks=[throughput, NonFiniteGuard(), Validation(tc.val_every, total), curve,
+        callbacks=[throughput, NonFiniteGuard(), StartValidation(curve), Validation(tc.val_every, total), curve,
+                   *([TableWarmup(hd.cells[cell].table_warmup)] if hd.cells[cell].table_warmup else []),
                    *([] if sys.stdout.isatty() else [Progress(f"hidden_decoding@{cell}-{seed}", total,
                                                               tokens_per_step)]),
                    StepCheckpoint(out_dir / "ckpt", tc.ckpt_every, total)],
@@ -184,16 +241,15 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
         trainer.fit(lit, datamodule=datamodule, ckpt_path=resume, weights_only=True)
 
     step_time = statistics.median(throughput.times) if throughput.times else None
+    trained = [r[2] for r in curve.rows[-10:] if r[2] is not None]
     metrics = {
         "val_loss": curve.last("val_loss"),  # last stream, the fixed validation windows
-        "train_loss": statistics.fmean(r[2] for r in curve.rows[-10:]) if curve.rows else None,
-        "n_streams": cfg.n_streams, "attention": cfg.attention, "mixing_layers": sorted(model.mixing_layers),
-        "local_layers": sorted(model.local_layers),
-        "steps": lit.step, "tokens": lit.step * tokens_per_step, "flops_per_token": fpt,
-        "flops": fpt * lit.step * tokens_per_step, "params": model.num_params(),
+        "val_loss_start": curve.rows[0][3] if curve.rows and curve.rows[0][0] == 0 else None,
+        "train_loss": statistics.fmean(trained) if trained else None, **facts,
+        "steps": lit.step, "tokens": lit.step * tokens_per_step, "flops": fpt * lit.step * tokens_per_step,
         "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time if step_time else None,
         "peak_mem_mb": _peak_mem_mb(device), "table_spread_start": spread_start, "table_spread": table_spread(model),
-        **(evaluate(model, shards) if evaluate is not None else {}),
+        **(probe.answer_metrics(model, task, shards, tc) if task is not None else {}),
         "wall_s": time.perf_counter() - start_time,
     }
     if trainer.is_global_zero:  # the final model with its curve, all or nothing
@@ -206,6 +262,31 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
             curve.write_csv(plot)
         run_json = out_dir / "ckpt" / "run.json"
         write_json_atomic(run_json, {**json.loads(run_json.read_text()), "complete": True})
+    return metrics
+
+
+def _forward_only(model: HiddenDecodingLM, shards: Shards, tc, out_dir: Path, plot: Path | None, facts: dict,
+                  start_time: float) -> dict:
+    """A cell that trains nothing: its model at step 0 on the validation windows, the loss of each window kept
+    (equal windows: their mean is the token-weighted loss). Its model/ folder holds the metrics and the one-row
+    curve, no weights: the model is its source and its seed."""
+    device = next(model.parameters()).device
+    batches = [(x.to(device), y.to(device))
+               for x, y in val_batches(shards.val, seq_len=tc.seq_len, val_tokens=tc.val_tokens,
+                                       batch_size=tc.batch_size)]
+    losses = window_losses(model, batches)
+    loss = statistics.fmean(losses)
+    metrics = {"val_loss": loss, "val_loss_start": loss, "val_window_losses": losses, "train_loss": None, **facts,
+               "steps": 0, "tokens": 0, "flops": 0.0, "table_spread_start": table_spread(model),
+               "table_spread": table_spread(model), "wall_s": time.perf_counter() - start_time}
+    curve = MetricsFile(0, 1, 0)
+    curve.rows = [[0, 0, None, loss, None]]
+    with atomic_dir(out_dir / "model") as tmp:
+        curve.write_csv(tmp / "curve.csv")
+        write_json_atomic(tmp / "metrics.json", metrics)
+    if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        curve.write_csv(plot)
     return metrics
 
 
