@@ -147,20 +147,26 @@ def _plt():
 
 
 def plot_ppl(summary: pl.DataFrame, dense_ppl: float | None, path: Path) -> None:
-    """Perplexity against kept fraction per method (seed means, ±1 std), the uncompressed model as a line."""
+    """Perplexity against kept fraction per method (seed means, ±1 std), the uncompressed model as a line; at a
+    single kept fraction, one point per method (no axis for one value)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    keeps = sorted(set(summary["keep"].to_list()))
     for method in sorted(set(summary["method"].to_list())):
         rows = summary.filter(pl.col("method") == method).sort("keep")
         std = [s or 0.0 for s in rows["ppl_std"].to_list()]
-        ax.errorbar(rows["keep"].to_list(), rows["ppl"].to_list(), yerr=std, marker="o", capsize=3, label=method)
+        x, label = ([method] * rows.height, None) if len(keeps) == 1 else (rows["keep"].to_list(), method)
+        ax.errorbar(x, rows["ppl"].to_list(), yerr=std, marker="o", capsize=3, label=label)
     if dense_ppl is not None:
         ax.axhline(dense_ppl, color="k", ls=":", label=f"uncompressed ({dense_ppl:.2f})")
     values = [v for v in summary["ppl"].to_list() if v] + ([dense_ppl] if dense_ppl else [])
     wide = max(values) / min(values) > 3  # SVD's perplexity can be orders of magnitude off: log scale then
     ax.set(xlabel="kept fraction of decoder linear weights ρ", ylabel="validation perplexity",
            yscale="log" if wide else "linear", title="Perplexity against kept fraction")
-    ax.invert_xaxis()
+    if len(keeps) == 1:
+        ax.set(xlabel="method", title=f"Perplexity at kept fraction ρ = {keeps[0]:g} of decoder linear weights")
+    else:
+        ax.invert_xaxis()
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
