@@ -28,7 +28,8 @@ def main(params: Params) -> None:
     logged = {"grid": g.model_dump(mode="json"), "evaluated": evaluated}
     with tracking.stage_run("report", params=logged, experiment=params.tracking.experiment) as run:
         with atomic_dir(OUT) as tmp:
-            metrics = report.build(Path("."), tmp, cells=cells, eval_names=evaluated, plots_csv=CURVES)
+            metrics = report.build(Path("."), tmp, cells=cells, eval_names=evaluated, plots_csv=CURVES,
+                                   pretrained=list(params.import_models))
         for path in sorted(p for p in OUT.iterdir() if p.suffix in (".md", ".html", ".png")):
             run.log_artifact(path, "report", parent=True)  # the pipeline's parent run: the report beside its children
             run.log_artifact(path, "report")

@@ -15,6 +15,7 @@ from conftest import MICRO, ROOT
 from mutants import mutant, mutation_checks
 
 from scalelab.analysis import claims, report
+from scalelab.analysis.tables import ledger_frame, md_table
 
 REGIME = claims.regime("0.12B Llama, 20-80 tokens/param", params=1000, tokens=40, paper_tokens_per_param=20)
 
@@ -96,9 +97,14 @@ def test_the_report_shows_the_committed_studies_beside_this_run(studies):
     assert "- **reproduced**: base: none is worse than standard (+0.07 ± " in card_a and "· a-study)" in card_a
     assert "base: unified is better" not in card_a  # inconclusive: not a headline when decided ones exist
     assert first.count("no committed study yet") == 3  # B, C, D have none here
-    # then this run's ledger, then every committed study's ledger whole, labelled
+    # a card whose study names no figure shows its rows drawn
+    assert "![card_a](card_a.png)" in card_a and (root / "data/report/card_a.png").read_bytes()[:4] == b"\x89PNG"
+    # then this run's ledger, then every committed study's ledger whole, labelled, each published statement once
     assert md.index("decay on input scales helps") < md.index(f"Committed study {label}")
-    assert claims.markdown(decided) in md and "made by `make repro`" in md
+    assert md_table(ledger_frame(decided), max_rows=None) in md and "made by `make repro`" in md
+    ledger = md[md.index(f"Committed study {label}"):]
+    assert [r.split(" | ")[-1] for r in ledger.splitlines()[4:7]] == ["[1] |", "[1] |", "[2] |"]
+    assert ledger[ledger.index("Published:"):].startswith("Published:\n\n1. +0.1\n2. −0.05")
     assert m["studies"] == {"a-study": {"reproduced": 2, "inconclusive": 1}, "b-no-seeds": "no ledger",
                             "c-no-ledger-file": "no ledger", "d-bad-ledger-name": "no ledger",
                             "e-in-progress": "no ledger"}
@@ -147,8 +153,8 @@ def test_report_gathers_the_ledger_and_says_what_did_not_run(outs):
     # the verdicts are the claims module's, from the effects: reproduced, contradicted, 1 seed inconclusive
     assert [e["verdict"] for e in entries] == ["reproduced", "contradicted", "inconclusive (1 seed)"]
     assert m["verdicts"] == {"reproduced": 1, "contradicted": 1, "inconclusive": 1}
-    assert claims.markdown(entries) in md  # the ledger as the claims module renders it, published numbers beside
-    assert "−0.05 (1.3B)" in md and f"{entries[0]['effect']:+.4f} ± {entries[0]['spread']:.4f}" in md
+    assert md_table(ledger_frame(entries), max_rows=None) in md  # the ledger, its published statements as notes
+    assert md.count("−0.05 (1.3B)") == 1 and f"| {entries[0]['effect']:.4g} ± {entries[0]['spread']:.3g} |" in md
     assert m["claims"] == {"a": {"reproduced": 1, "contradicted": 1, "inconclusive": 1}, "b": "not run",
                            "c": "not run", "d": "not run"}
     assert md.count("not run (metrics/claims_") == 3 and "not run (data/compress_summary absent)" in md
@@ -240,24 +246,40 @@ test_the_study_checks_catch = mutation_checks([
 ])
 
 
-def test_the_first_screen_shows_a_card_per_paper_in_a_browser(studies):
-    """The page as a reader opens it (headless Chromium, a laptop's 1280x800 window): the four papers' cards are all on
-    the first screen, each verdict readable, before any of this run's tables."""
+def _first_screen(page, expect: list[str]) -> list:
+    """The cards of `page` in headless Chromium at a laptop's 1280x800: each on the first screen, before any table."""
     from test_ui import _browser
 
-    root, _ = studies
-    report.build(root, root / "data/report", cells=CELLS, eval_names=[], plots_csv=root / "c.csv")
     browser = _browser()
     try:
         browser.set_window_size(1280, 800)
-        browser.get((root / "data/report/report.html").as_uri())
+        browser.get(page.as_uri())
         height = browser.execute_script("return window.innerHeight")
         cards = browser.find_elements("css selector", "section.card")
-        assert [c.get_attribute("id") for c in cards] == ["card-a", "card-b", "card-c", "card-d"]
+        assert [c.get_attribute("id") for c in cards] == expect
         for c in cards:
             assert c.rect["y"] + c.rect["height"] <= height, f"{c.get_attribute('id')} is below the first screen"
-        assert "reproduced" in cards[0].text and "base: none is worse than standard" in cards[0].text
         first_table = browser.find_elements("css selector", "table")
         assert not first_table or first_table[0].rect["y"] >= cards[-1].rect["y"] + cards[-1].rect["height"]
+        return [(c.text, len(c.find_elements("css selector", "img"))) for c in cards]
     finally:
         browser.quit()
+
+
+def test_the_committed_studies_first_screen_in_a_browser(tmp_path):
+    """The report of a fresh clone (results/ as committed, nothing run yet): a card per paper, each with its
+    verdicts and a figure, all on a laptop's first screen."""
+    (tmp_path / "results").symlink_to(ROOT / "results")
+    report.build(tmp_path, tmp_path / "data/report", cells=[], eval_names=[], plots_csv=tmp_path / "c.csv")
+    cards = _first_screen(tmp_path / "data/report/report.html", ["card-a", "card-b", "card-c", "card-d"])
+    for text, images in cards:
+        assert images == 1 and any(v in text for v in ("reproduced", "contradicted", "untested", "inconclusive"))
+
+
+def test_the_first_screen_shows_a_card_per_paper_in_a_browser(studies):
+    """The page as a reader opens it (headless Chromium, a laptop's 1280x800 window): the four papers' cards are all on
+    the first screen, each verdict readable, before any of this run's tables."""
+    root, _ = studies
+    report.build(root, root / "data/report", cells=CELLS, eval_names=[], plots_csv=root / "c.csv")
+    cards = _first_screen(root / "data/report/report.html", ["card-a", "card-b", "card-c", "card-d"])
+    assert "reproduced" in cards[0][0] and "base: none is worse than standard" in cards[0][0]

@@ -1,13 +1,16 @@
 """The report's first screen: one card per paper (its headline claims, each with the verdict of the committed study
 that measured it, the premises and regime behind that verdict, and one figure of the study), so a reader sees what is
 decided before any table. Which claims are a study's headline, and its figure, are the study's own choice (study.json
-`headline`: ledger ids, `figure`: a PNG in its folder); a study that names none shows its decided entries first.
+`headline`: ledger ids, `figure`: a PNG in its folder); a study that names none shows its decided entries first. A
+card shows at most PER_CARD rows, the decided first, then each study's first in turn, and counts the rest; a card whose studies name no figure shows
+its rows drawn (figures.effects: each effect with its spread against zero and the paper's).
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +24,8 @@ PAPERS = {  # method letter -> (what the paper is about, its sources)
     "c": ("Hidden Decoding", "WeLM-HD; Sequential Hidden Decoding (Tencent WeChat AI)"),
     "d": ("SigmaScale compression", "arXiv 2606.07098; baselines ASVD arXiv 2312.05821, SVD-LLM arXiv 2403.07378"),
 }
-PER_CARD = 3  # headline rows a card shows when its studies name none
+PER_CARD = 2  # rows a card shows (all four cards on a laptop's first screen); the others are counted
+DETAIL_CHARS = 140  # a row's detail line beyond this is cut (whole in its tooltip and in the ledger below)
 COLORS = {"reproduced": "#1a7f37", "contradicted": "#cf222e", "inconclusive": "#9a6700", "untested": "#57606a",
           "observation": "#57606a"}
 
@@ -32,6 +36,7 @@ class Card:
     title: str
     sources: str
     rows: list[tuple[str, dict]] = field(default_factory=list)  # (study, entry)
+    more: int = 0  # headline rows not shown
     figure: Path | None = None
 
 
@@ -45,18 +50,26 @@ def headline(study: dict) -> list[dict]:
     return (decided or entries)[:PER_CARD]
 
 
-def cards(studies: list[dict], results: Path) -> list[Card]:
-    out = []
+def cards(studies: list[dict], results: Path, out: Path) -> list[Card]:
+    """One card per paper; the figures the report draws for cards without one are written to `out`."""
+    from scalelab.analysis import figures
+
+    decided = (ledger_rules.REPRODUCED, ledger_rules.CONTRADICTED)
+    made = []
     for key, (title, sources) in PAPERS.items():
-        card = Card(key, title, sources)
+        card, rows = Card(key, title, sources), []
         for s in studies:
             if s["method"] != key or s["entries"] is None or s.get("superseded"):
                 continue
-            card.rows += [(s["name"], e) for e in headline(s)]
+            rows += [(rank, s["name"], e) for rank, e in enumerate(headline(s))]
             if card.figure is None and s.get("figure") and (results / s["name"] / s["figure"]).is_file():
                 card.figure = results / s["name"] / s["figure"]
-        out.append(card)
-    return out
+        rows.sort(key=lambda r: (verdict_of(r[2]) not in decided, r[0]))  # decided first, then each study's first
+        card.rows, card.more = [(s, e) for _, s, e in rows[:PER_CARD]], max(0, len(rows) - PER_CARD)
+        if card.figure is None and card.rows:
+            card.figure = figures.effects([e for _, e in card.rows], out / f"card_{key}.png")
+        made.append(card)
+    return made
 
 
 def _effect(e: dict) -> str:
@@ -88,13 +101,26 @@ def _detail(e: dict, study: str) -> str:
     return " · ".join(x for x in (_effect(e), _regime(e), _why(e), study) if x)
 
 
-def markdown(cs: list[Card]) -> str:
+def _cut(text: str) -> str:
+    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 1].rstrip() + "…"
+
+
+def _more(c: Card) -> str:
+    return f"{c.more} more headline claim{'s' * (c.more != 1)} in the ledgers below" if c.more else ""
+
+
+def markdown(cs: list[Card], out_dir: Path) -> str:
+    """The cards in markdown, their figures linked relative to `out_dir` (where the report is written)."""
     parts = []
     for c in cs:
         parts.append(f"### {c.title}\n\n{c.sources}\n")
+        if c.figure is not None:
+            parts.append(f"![{c.figure.stem}]({os.path.relpath(c.figure, out_dir)})\n")
         if not c.rows:
             parts.append("no committed study yet\n")
         parts += [f"- **{verdict_of(e)}**: {e['claim']} ({_detail(e, study)})" for study, e in c.rows]
+        parts += [f"- ({_more(c)})"] if c.more else []
+        parts.append("")
     return "\n".join(parts)
 
 
@@ -103,8 +129,9 @@ def render_html(cs: list[Card]) -> str:
     for c in cs:
         rows = [f"<li><span class='verdict' style='background:{COLORS.get(verdict_of(e), '#57606a')}'>"
                 f"{html.escape(verdict_of(e))}</span> <span title='{html.escape(e['metric'])}'>"
-                f"{html.escape(e['claim'])}</span><br><small>{html.escape(_detail(e, study))}</small></li>"
-                for study, e in c.rows]
+                f"{html.escape(e['claim'])}</span><br><small title='{html.escape(_detail(e, study))}'>"
+                f"{html.escape(_cut(_detail(e, study)))}</small></li>" for study, e in c.rows]
+        rows += [f"<li class='more'><small>{html.escape(_more(c))}</small></li>"] if c.more else []
         fig = ""
         if c.figure is not None:
             data = base64.b64encode(c.figure.read_bytes()).decode()

@@ -91,3 +91,26 @@ def gain_vs_n(table: pl.DataFrame, x: str, y: str, path: Path) -> Path:
     ax.set_ylabel(y)
     ax.set_title("Hidden Decoding: gain against n")
     return _save(fig, path)
+
+
+def effects(entries: list[dict], path: Path) -> Path:
+    """Ledger entries drawn: each effect with its spread (the interval the verdict read) against zero, the paper's
+    effect beside it where it is a number, coloured by verdict."""
+    from scalelab.analysis.cards import COLORS
+    from scalelab.analysis.claims import verdict_of
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(3.6, 0.5 * len(entries) + 0.9))
+    ys = range(len(entries))
+    for y, e in zip(ys, entries):
+        if e["effect"] is not None:
+            ax.errorbar(e["effect"], y, xerr=e["spread"] or 0, fmt="o", ms=5, capsize=3,
+                        color=COLORS.get(verdict_of(e), "#57606a"))
+        if isinstance(e["paper_effect"], (int, float)):
+            ax.plot(e["paper_effect"], y, marker="x", color="black", ms=6, ls="none")
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(list(ys), [e["claim"][:28] + ("…" if len(e["claim"]) > 28 else "") for e in entries], fontsize=7)
+    ax.invert_yaxis()
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel("effect ± spread (x: the paper's)", fontsize=7)
+    return _save(fig, path)

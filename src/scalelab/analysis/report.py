@@ -30,7 +30,7 @@ from scalelab.analysis import cards as first_screen
 from scalelab.analysis import figures
 from scalelab.analysis.claims import verdict_of
 from scalelab.analysis.studies import committed_studies, studies_frame, study_label
-from scalelab.analysis.tables import html_table, ledger_frame, md_table
+from scalelab.analysis.tables import html_table, ledger_frame, md_table, published_notes
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,13 @@ def render_markdown(blocks: list[Block], out_dir: Path) -> str:
             parts.append(x)
         elif kind == "table":
             parts.append(md_table(x))
-        elif kind == "ledger":
-            parts.append(ledger_rules.markdown(x))
+        elif kind == "ledger":  # whole (a ledger has no CSV beside it), each published statement once below it
+            parts.append(md_table(ledger_frame(x), max_rows=None) + "\n\nPublished:\n\n"
+                         + "\n".join(f"{i}. {text}" for i, text in enumerate(published_notes(x), 1)))
         elif kind == "img":
             parts.append(f"![{x.stem}]({os.path.relpath(x, out_dir)})")
         elif kind == "cards":
-            parts.append(first_screen.markdown(x))
+            parts.append(first_screen.markdown(x, out_dir))
         elif kind == "details":
             parts.append(f"**{x[0]}**\n\n" + render_markdown(x[1], out_dir).rstrip("\n"))
     return "\n\n".join(parts) + "\n"
@@ -82,8 +83,11 @@ def _html_blocks(blocks: list[Block]) -> str:
             parts.append(f"<{kind}>{html.escape(x)}</{kind}>")
         elif kind == "p":
             parts.append(f"<p>{html.escape(x)}</p>")
-        elif kind in ("table", "ledger"):
-            parts.append(html_table(x if kind == "table" else ledger_frame(x)))
+        elif kind == "table":
+            parts.append(html_table(x))
+        elif kind == "ledger":
+            notes = "".join(f"<li>{html.escape(text)}</li>" for text in published_notes(x))
+            parts.append(f"{html_table(ledger_frame(x), max_rows=None)}<p>Published:</p><ol class='published'>{notes}</ol>")
         elif kind == "img":
             data = base64.b64encode(x.read_bytes()).decode()
             parts.append(f'<figure><img alt="{html.escape(x.stem)}" src="data:image/png;base64,{data}"></figure>')
@@ -95,7 +99,7 @@ def _html_blocks(blocks: list[Block]) -> str:
 
 
 def render_html(blocks: list[Block], title: str) -> str:
-    style = ("body{font-family:sans-serif;max-width:70em;margin:2em auto;padding:0 1em}"
+    style = ("body{font-family:sans-serif;max-width:70em;margin:1em auto;padding:0 1em}h1{font-size:1.5em;margin:.3em 0}"
              "table{border-collapse:collapse;margin:1em 0;font-size:.9em}"
              "td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left}img{max-width:100%}"
              + first_screen.STYLE)
@@ -154,8 +158,10 @@ def ablation_table(root: Path) -> pl.DataFrame | None:
                                                 *[c for c in ("val_loss_std", "seeds") if c in s.columns]))
 
 
-def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], plots_csv: Path) -> dict[str, Any]:
-    """Write out/{report.md, report.html, *.png} and plots_csv (curves for `dvc plots`); return the report's metrics."""
+def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], plots_csv: Path,
+          pretrained: list[str] = ()) -> dict[str, Any]:
+    """Write out/{report.md, report.html, *.png} and plots_csv (curves for `dvc plots`); return the report's metrics.
+    `pretrained`: the pretrained models this run imported (named in the line that says what the run is)."""
     root, out = Path(root), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     studies = committed_studies(root / RESULTS)
@@ -164,12 +170,13 @@ def build(root: Path, out: Path, *, cells: list[dict], eval_names: list[str], pl
         ("h1", "scalelab report"),
         ("p", "What the committed studies (results/) decided, one card per paper: each verdict with the premises "
               "and regime behind it. Generated from the pipeline's outs; nothing in it is typed in."),
-        ("cards", first_screen.cards(studies, root / RESULTS))]
+        ("cards", first_screen.cards(studies, root / RESULTS, out))]
     claims = gather_claims(root)
     verdicts = Counter(verdict_of(e) for entries in claims.values() if entries for e in entries)
-    blocks += [("p", f"This run: a smoke-scale run of every phase on this profile ({len(seeds)} seed"
-                     f"{'' if len(seeds) == 1 else 's'} of {len(cells)} pretrain cells, small models, reduced grids), "
-                     "sized to show that the pipeline works, not to decide: its ledger reads "
+    real = f", the pretrained {', '.join(pretrained)}" if pretrained else ""
+    blocks += [("p", f"This run: a smoke-scale run of every phase on this profile ({os.cpu_count()} CPU cores here, "
+                     f"{len(seeds)} seed{'' if len(seeds) == 1 else 's'}, {len(cells)} pretrain cells of tiny models"
+                     f"{real}, reduced grids), sized to show that the pipeline works, not to decide: its ledger reads "
                      + (", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no claims files yet") + ".")]
     blocks += [("h2", "This run's claims ledger")]
     for m in METHODS:

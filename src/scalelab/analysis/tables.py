@@ -20,30 +20,38 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def md_table(df: pl.DataFrame) -> str:
-    rows = [[_fmt(v) for v in r] for r in df.head(MAX_ROWS).iter_rows()]
+def md_table(df: pl.DataFrame, max_rows: int | None = MAX_ROWS) -> str:
+    """The table in markdown, cut after `max_rows` (None: whole) with a line saying how many rows the CSV has more."""
+    rows = [[_fmt(v) for v in r] for r in df.head(max_rows or df.height).iter_rows()]
     out = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
-    if df.height > MAX_ROWS:
-        out.append(f"\n({df.height - MAX_ROWS} more rows in the CSV)")
+    if max_rows and df.height > max_rows:
+        out.append(f"\n({df.height - max_rows} more rows in the CSV)")
     return "\n".join(out)
 
 
-def html_table(df: pl.DataFrame) -> str:
+def html_table(df: pl.DataFrame, max_rows: int | None = MAX_ROWS) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r) + "</tr>"
-                   for r in df.head(MAX_ROWS).iter_rows())
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                   for r in df.head(max_rows or df.height).iter_rows())
+    more = f"<p>({df.height - max_rows} more rows in the CSV)</p>" if max_rows and df.height > max_rows else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
+
+
+def published_notes(entries: list[dict]) -> list[str]:
+    """The ledger's published statements, each once, in order of first appearance: the table's notes, which its
+    `published` column cites by number (several claims often quote the same passage)."""
+    return list(dict.fromkeys(e["published"] for e in entries))
 
 
 def ledger_frame(entries: list[dict]) -> pl.DataFrame:
     cols = ("claim", "metric", "effect ± spread", "paper", "seeds", "verdict", "regime", "premises", "published")
+    note = {text: i for i, text in enumerate(published_notes(entries), 1)}
     return pl.DataFrame([{"claim": e["claim"], "metric": e["metric"],
                           "effect ± spread": _fmt(e["effect"]) + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
                           "paper": _fmt(e["paper_effect"]), "seeds": e["n_seeds"], "verdict": e["verdict"],
                           "regime": regime_text(e["regime"]), "premises": premises_text(e["premises"]),
-                          "published": "as above" if i and e["published"] == entries[i - 1]["published"]
-                          else e["published"]} for i, e in enumerate(entries)],
+                          "published": f"[{note[e['published']]}]"} for e in entries],
                         schema={k: pl.Int64 if k == "seeds" else pl.String for k in cols})
 
 
