@@ -2,8 +2,9 @@
 that measured it, the premises and regime behind that verdict, and one figure of the study), so a reader sees what is
 decided before any table. Which claims are a study's headline, and its figure, are the study's own choice (study.json
 `headline`: ledger ids, `figure`: a PNG in its folder); a study that names none shows its decided entries first. A
-card shows at most PER_CARD rows, the decided first, then each study's first in turn, and counts the rest; a card whose studies name no figure shows
-its rows drawn (figures.effects: each effect with its spread against zero and the paper's).
+card shows at most PER_CARD rows, the decided first, then each study's first in turn, and counts the rest; a card
+whose studies name no figure shows its rows drawn (figures.effects: each effect with its spread against zero and the
+paper's).
 """
 
 from __future__ import annotations

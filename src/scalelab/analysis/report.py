@@ -87,7 +87,8 @@ def _html_blocks(blocks: list[Block]) -> str:
             parts.append(html_table(x))
         elif kind == "ledger":
             notes = "".join(f"<li>{html.escape(text)}</li>" for text in published_notes(x))
-            parts.append(f"{html_table(ledger_frame(x), max_rows=None)}<p>Published:</p><ol class='published'>{notes}</ol>")
+            parts.append(f"{html_table(ledger_frame(x), max_rows=None)}<p>Published:</p>"
+                         f"<ol class='published'>{notes}</ol>")
         elif kind == "img":
             data = base64.b64encode(x.read_bytes()).decode()
             parts.append(f'<figure><img alt="{html.escape(x.stem)}" src="data:image/png;base64,{data}"></figure>')
@@ -99,7 +100,8 @@ def _html_blocks(blocks: list[Block]) -> str:
 
 
 def render_html(blocks: list[Block], title: str) -> str:
-    style = ("body{font-family:sans-serif;max-width:70em;margin:1em auto;padding:0 1em}h1{font-size:1.5em;margin:.3em 0}"
+    style = ("body{font-family:sans-serif;max-width:70em;margin:1em auto;padding:0 1em}"
+             "h1{font-size:1.5em;margin:.3em 0}"
              "table{border-collapse:collapse;margin:1em 0;font-size:.9em}"
              "td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left}img{max-width:100%}"
              + first_screen.STYLE)

@@ -47,8 +47,8 @@ def published_notes(entries: list[dict]) -> list[str]:
 def ledger_frame(entries: list[dict]) -> pl.DataFrame:
     cols = ("claim", "metric", "effect ± spread", "paper", "seeds", "verdict", "regime", "premises", "published")
     note = {text: i for i, text in enumerate(published_notes(entries), 1)}
-    return pl.DataFrame([{"claim": e["claim"], "metric": e["metric"],
-                          "effect ± spread": _fmt(e["effect"]) + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
+    return pl.DataFrame([{"claim": e["claim"], "metric": e["metric"], "effect ± spread": _fmt(e["effect"])
+                          + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
                           "paper": _fmt(e["paper_effect"]), "seeds": e["n_seeds"], "verdict": e["verdict"],
                           "regime": regime_text(e["regime"]), "premises": premises_text(e["premises"]),
                           "published": f"[{note[e['published']]}]"} for e in entries],
