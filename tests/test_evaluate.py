@@ -113,6 +113,16 @@ def test_hf_export_scores_exactly_the_training_validation_windows(project, tmp_p
     assert perplexity(load_lm(own, "own"), batches)["val_loss"] == pytest.approx(r["val_loss"], rel=1e-5)
     speed = throughput(lm, batches, repeats=2)
     assert speed["tokens_per_s"] > 0 and speed["peak_mem_mb"] > 0
+    # the throughput of an evaluation is read off its perplexity pass: batches shaped like the first, after the first
+    times, calls = [], []
+    perplexity(lm, batches, times)
+    forward = lm.forward
+    lm.forward = lambda ids: (calls.append(ids.shape), forward(ids))[1]
+    full = [t for t, (x, _) in zip(times, batches) if x.shape == batches[0][0].shape]
+    assert len(times) == len(batches) and len(full) == 5 < len(batches)  # 32 windows by 6: a last batch of 2
+    assert throughput(lm, batches, 3, times)["tokens_per_s"] == 6 * 32 / float(np.median(full[1:4])) and not calls
+    throughput(lm, batches, 6, times)  # 4 timed passes there: 2 more over the first batch, no warm-up
+    assert calls == [batches[0][0].shape] * 2
 
 
 def test_another_tokenizer_is_scored_on_the_same_text_retokenized():
@@ -276,28 +286,30 @@ def test_stage_writes_metrics_linked_to_the_model_in_mlflow(project):
 
 def _mixed_items(val: list[str]) -> list:
     """Items of every shape the scorer meets: contexts from 1 token to beyond the model's 64 positions (cut from the
-    left, scored without a shared context), 1-token and long choices, 2 to 4 choices, and two items with one
-    context (their choices share its computation)."""
+    left, scored without a shared context), 1-token and long choices, 2 to 4 choices, choices that share their first
+    tokens (one branch of the tree up to where they part), and two items with one context (their choices share its
+    computation)."""
     cont = zeroshot.continuation_items(val, 12, 4, 100, seed=1)
     cloze = zeroshot.cloze_items(val, 8, 3, 60, seed=2)
     by_hand = [zeroshot.Item("A", ("n", "the whole of the line", "e"), 1),
                zeroshot.Item(val[0][:40], ("b", "ca"), 0),
                zeroshot.Item(val[0][:40], ("c", "of it", "they"), 2),
+               zeroshot.Item(val[0][40:90], ("to be, or not", "to be, or else", "to be", "to be, or not"), 1),
                zeroshot.Item(val[1][:600], ("to be, or not to be", "x"), 0)]  # ≫ 64 tokens: the full-sequence path
     return cont + cloze + by_hand
 
 
 def test_shared_context_scores_equal_one_sequence_per_choice(project, monkeypatch):
-    """Each context computed once, its choices (and other items') batched on the cached keys and
-    values, scores exactly what one full sequence per (context, choice) scores, to float32 rounding; and the shared
-    path really runs: one row per distinct context with a choice that fits whole, never one per choice."""
+    """Each context computed once, with its choices as a prefix tree in the same row (batched with other items'),
+    scores exactly what one full sequence per (context, choice) scores, to float32 rounding; and the shared path
+    really runs: one row per distinct context with a choice that fits whole, never one per choice, and a prefix
+    that choices share fed once."""
     root, val, _ = project
     lm = load_lm(root / "data/pretrain/standard-a-base-0/model/hf", "standard-a")
     items = _mixed_items(val)
     rows = []
-    real = lm.extend
-    lm.extend = lambda ids, mask, pos, cache, keep=None: (rows.append((ids.shape, cache is None)),
-                                                          real(ids, mask, pos, cache, keep))[1]
+    real = lm.masked
+    lm.masked = lambda ids, allowed, pos, r, c: (rows.append(allowed), real(ids, allowed, pos, r, c))[1]
     shared = zeroshot.choice_scores(lm, items, batch_size=8)
     full = zeroshot.choice_scores(lm, items, batch_size=8, shared=False)
     one = zeroshot.choice_scores(lm, items, batch_size=1, shared=False)
@@ -305,17 +317,41 @@ def test_shared_context_scores_equal_one_sequence_per_choice(project, monkeypatc
         assert [b for _, b in s] == [b for _, b in f] == [b for _, b in o]  # bytes scored
         assert [v for v, _ in s] == pytest.approx([v for v, _ in o], abs=1e-4, rel=1e-5)
         assert [v for v, _ in f] == pytest.approx([v for v, _ in o], abs=1e-4, rel=1e-5)
-    fits = {it.context for it in items
-            if len(lm.encode(it.context)) + min(len(lm.encode(c)) for c in it.choices) - 1 <= lm.max_len}
+    fits = defaultdict(set)  # context -> the inputs (all tokens but the last) of its choices that fit whole
+    for it in items:
+        c = lm.encode(it.context)
+        for x in map(lm.encode, it.choices):
+            if len(c) + len(x) - 1 <= lm.max_len:
+                fits[it.context].add(tuple(x[:-1]))
     assert 4 <= len(fits) < len({it.context for it in items}) - 4  # both paths exercised, on several items each
-    context_rows = sum(shape[0] for shape, first in rows if first)
-    assert context_rows == len(fits)
+    assert sum(a.shape[0] for a in rows) == len(fits)  # one row per context
+    # fed once: each context and each distinct prefix of its choices' inputs (a position that attends to nothing
+    # before it, but the first, is padding)
+    fed = sum(a.shape[0] + int(a.tril(-1).any(dim=2).sum()) for a in rows)
+    prefixes = {c: {x[:k] for x in xs for k in range(1, len(x) + 1)} for c, xs in fits.items()}
+    assert fed == sum(len(lm.encode(c)) + len(p) for c, p in prefixes.items())
+    shared_item = val[0][40:90]
+    assert len(prefixes[shared_item]) < sum(map(len, fits[shared_item]))  # choices there do share a prefix
     # the accuracies built on the shared path are those of the reference
     assert zeroshot.accuracy(items, shared, True) == zeroshot.accuracy(items, one, True)
 
 
+def _masked_with(monkeypatch, change):
+    """A mutant of the model's masked forward: `change(ids, allowed, pos) -> (allowed, pos)`."""
+    real = zeroshot._shared_contexts
+
+    def mutated(lm, groups, b):
+        masked = lm.masked
+        lm.masked = lambda ids, allowed, pos, r, c: masked(ids, *change(ids, allowed, pos), r, c)
+        try:
+            return real(lm, groups, b)
+        finally:
+            lm.masked = masked
+    monkeypatch.setattr(zeroshot, "_shared_contexts", mutated)
+
+
 @mutant("zeroshot-context-shifted")
-def _(monkeypatch):  # the cached context loses its first token (an off-by-one in the context rows)
+def _(monkeypatch):  # the shared context loses its first token (an off-by-one in the context rows)
     real = zeroshot._shared_contexts
     monkeypatch.setattr(zeroshot, "_shared_contexts",
                         lambda lm, groups, b: real(lm, [(c[1:] or c, xs) for c, xs in groups], b))
@@ -327,20 +363,18 @@ def _(monkeypatch):  # the scores of a context's continuations come back in anot
     monkeypatch.setattr(zeroshot, "_shared_contexts", lambda lm, groups, b: [s[::-1] for s in real(lm, groups, b)])
 
 
-@mutant("zeroshot-positions-restart")
-def _(monkeypatch):  # the continuations' positions restart at 0 instead of following their context (RoPE)
-    real = zeroshot._shared_contexts
+@mutant("zeroshot-positions-by-column")
+def _(monkeypatch):  # the tree's nodes positioned by their column in the row, not by their depth (RoPE)
+    _masked_with(monkeypatch, lambda ids, allowed, pos: (allowed, torch.arange(ids.shape[1]).expand_as(ids)))
 
-    def restart(lm, groups, b):
-        extend = lm.extend
-        lm.extend = lambda ids, mask, pos, cache, keep=None: extend(ids, mask, pos - pos[:, :1], cache, keep)
-        try:
-            return real(lm, groups, b)
-        finally:
-            lm.extend = extend
-    monkeypatch.setattr(zeroshot, "_shared_contexts", restart)
+
+@mutant("zeroshot-branches-see-each-other")
+def _(monkeypatch):  # a node attends to every earlier node of its row (plain causal), not only to its ancestors
+    _masked_with(monkeypatch, lambda ids, allowed, pos: (
+        allowed | torch.ones_like(allowed[0]).tril(), pos))
 
 
 test_the_shared_context_test_catches = mutation_checks([
     (m, "tests/test_evaluate.py::test_shared_context_scores_equal_one_sequence_per_choice")
-    for m in ("zeroshot-context-shifted", "zeroshot-choices-swapped", "zeroshot-positions-restart")])
+    for m in ("zeroshot-context-shifted", "zeroshot-choices-swapped", "zeroshot-positions-by-column",
+              "zeroshot-branches-see-each-other")])

@@ -382,7 +382,7 @@ def test_compress_preset_calibrates_as_at_8b_and_its_result_evaluates(tmp_path, 
     for (metrics, records), method in zip(results, methods):
         assert len(records) == 7 * layers and torch.isfinite(torch.tensor(metrics["val_nll"]))
         lm = load_lm(tmp_path / "out" / metrics["cell"] / "model", method)
-        assert lm.kind.startswith("hf:scalelab_lowrank_") and lm.extend is not None
+        assert lm.kind.startswith("hf:scalelab_lowrank_") and lm.masked is not None
         batches, source = val_windows(lm, shards_dir=tmp_path / "data/tokens", val_text=val,
                                       tokenizer_json=tmp_path / "data/tokenizer/tokenizer.json", seq_len=32,
                                       val_tokens=256, batch_size=4)

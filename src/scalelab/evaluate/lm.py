@@ -26,9 +26,10 @@ from scalelab.data import DataError
 class EvalLM:
     """A causal LM under evaluation: `logits(ids [B, T]) -> [B, T, V]` in float32, on `device`.
 
-    `extend`, where the model keeps a key/value cache (Hugging Face causal LMs), continues sequences from a cache:
-    `extend(ids, attention_mask over cache + ids, position_ids, cache | None, keep) -> (logits of the positions
-    `keep` (a 1-D index tensor; None: all), cache)`. The zero-shot tasks use it to compute each shared context once.
+    `masked`, where the model takes an explicit attention mask and positions (Hugging Face causal LMs), is one forward
+    under them with the vocabulary projection only where asked: `masked(ids [B, T], allowed [B, T, T] (bool:
+    position i attends to j), position_ids [B, T], rows [N], cols [N]) -> logits [N, V]` at (rows[n], cols[n]).
+    The zero-shot tasks use it to score all the continuations of a context in one row (zeroshot._shared_contexts).
     """
 
     name: str
@@ -40,7 +41,7 @@ class EvalLM:
     n_params: int
     device: torch.device
     module: torch.nn.Module
-    extend: Callable[..., tuple[torch.Tensor, Any]] | None = None
+    masked: Callable[..., torch.Tensor] | None = None
 
     @torch.inference_mode()
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
@@ -106,20 +107,24 @@ def load_lm(path: str | os.PathLike, name: str, dtype: str = "float32", device: 
     cfg = model.config
     max_len = getattr(cfg, "max_position_embeddings", None) or 2048
     return EvalLM(name, str(folder), f"hf:{cfg.model_type}", lambda ids: model(input_ids=ids, use_cache=False).logits,
-                  tokenizer, int(max_len), sum(p.numel() for p in model.parameters()), dev, model, _hf_extend(model))
+                  tokenizer, int(max_len), sum(p.numel() for p in model.parameters()), dev, model, _hf_masked(model))
 
 
-def _hf_extend(model) -> Callable[..., tuple[torch.Tensor, Any]]:
-    """EvalLM.extend for a `transformers` causal LM: its DynamicCache, and `logits_to_keep` so that the vocabulary
-    projection runs only where a log-likelihood is read."""
-    from transformers import DynamicCache
+def _hf_masked(model) -> Callable[..., torch.Tensor] | None:
+    """EvalLM.masked for a `transformers` causal LM: its decoder under a 4-D additive mask (what both its SDPA and
+    eager attention take), then its output embedding at the positions asked for. None for a model whose logits are
+    more than that projection of the last hidden state (a final soft cap)."""
+    if getattr(model.config, "final_logit_softcapping", None):
+        return None
+    decoder, head = model.base_model, model.get_output_embeddings()
 
     @torch.inference_mode()
-    def extend(ids, attention_mask, position_ids, cache, keep=None):
-        dev = model.device
-        out = model(input_ids=ids.to(dev), attention_mask=attention_mask.to(dev), position_ids=position_ids.to(dev),
-                    past_key_values=cache if cache is not None else DynamicCache(config=model.config),
-                    use_cache=True, logits_to_keep=0 if keep is None else keep.to(dev))
-        return out.logits.float(), out.past_key_values
+    def masked(ids, allowed, position_ids, rows, cols):
+        dev, dtype = model.device, model.dtype
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed.to(dev),
+                                                                                 torch.finfo(dtype).min)
+        hidden = decoder(input_ids=ids.to(dev), attention_mask=bias[:, None], position_ids=position_ids.to(dev),
+                         use_cache=False).last_hidden_state
+        return head(hidden[rows.to(dev), cols.to(dev)]).float()
 
-    return extend
+    return masked

@@ -1,4 +1,4 @@
-"""Perplexity on the fixed validation windows, and what a forward pass costs.
+"""Perplexity on the fixed validation windows, and what a forward pass costs (timed on those same passes).
 
 A model that shares the project's tokenizer is scored on exactly the windows the pretrain stage validates on
 (`scalelab.data.loader.val_batches` over data/tokens), so its `val_loss` here equals the training-time one. A model
@@ -13,6 +13,7 @@ import logging
 import math
 import resource
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +54,25 @@ def val_windows(lm: EvalLM, *, shards_dir: str | Path, val_text: list[str], toke
     return val_batches(tokens, seq_len=seq_len, val_tokens=val_tokens, batch_size=batch_size), source
 
 
-def perplexity(lm: EvalLM, batches: Batches) -> dict[str, float]:
-    """Token-weighted mean cross-entropy over the windows (as the pretrain stage's val/loss), its exp, and bpb."""
+def timed_logits(lm: EvalLM, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The logits of `x` and the forward's wall seconds (the GPU synchronised on both sides)."""
+    if lm.device.type == "cuda":
+        torch.cuda.synchronize(lm.device)
+    start = time.perf_counter()
+    logits = lm.logits(x)
+    if lm.device.type == "cuda":
+        torch.cuda.synchronize(lm.device)
+    return logits, time.perf_counter() - start
+
+
+def perplexity(lm: EvalLM, batches: Batches, times: list[float] | None = None) -> dict[str, float]:
+    """Token-weighted mean cross-entropy over the windows (as the pretrain stage's val/loss), its exp, and bpb; each
+    batch's forward seconds appended to `times` (the throughput's samples)."""
     nats, tokens, n_bytes = 0.0, 0, 0
     for x, y in progress(batches, "evaluate perplexity", unit="batches", logger=log):  # minutes on a real model
-        logits = lm.logits(x)
+        logits, seconds = timed_logits(lm, x)
+        if times is not None:
+            times.append(seconds)
         nats += float(F.cross_entropy(logits.flatten(0, 1), y.to(lm.device).flatten(), reduction="sum"))
         tokens += y.numel()
         # special tokens (end of text) carry no bytes of text
@@ -70,28 +85,21 @@ def perplexity(lm: EvalLM, batches: Batches) -> dict[str, float]:
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory: CUDA's max allocated on a GPU; on CPU the process's peak resident set (ru_maxrss, KiB on Linux),
-    which includes the Python runtime and libraries, not only the model."""
+    """The process's peak memory: CUDA's max allocated on a GPU; on CPU the peak resident set (ru_maxrss, KiB on
+    Linux), which includes the Python runtime and libraries, not only the model."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def throughput(lm: EvalLM, batches: Batches, repeats: int) -> dict[str, Any]:
-    """Forward tokens/s (inference mode, median over `repeats` timed passes over the first batch after a warm-up)
-    and peak memory."""
+def throughput(lm: EvalLM, batches: Batches, repeats: int, times: Sequence[float] = ()) -> dict[str, Any]:
+    """Forward tokens/s (inference mode): the median of `repeats` timed forward passes of batches shaped like the
+    first, after a warm-up pass. `times` are passes already timed, one per batch (the perplexity pass: its first is
+    the warm-up), read first; passes over the first batch make up the rest. And the process's peak memory so far."""
     x = batches[0][0]
-    if lm.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(lm.device)
-    lm.logits(x)  # warm-up: lazy init, allocator, kernels
-    times = []
-    for _ in range(repeats):
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize(lm.device)
-        start = time.perf_counter()
-        lm.logits(x)
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize(lm.device)
-        times.append(time.perf_counter() - start)
-    return {"tokens_per_s": x.numel() / float(np.median(times)), "peak_mem_mb": peak_memory_mb(lm.device),
+    timed = [t for t, (b, _) in zip(times, batches) if b.shape == x.shape][1: repeats + 1]
+    if len(timed) < repeats and not times:
+        lm.logits(x)  # warm-up: lazy init, allocator, kernels
+    timed += [timed_logits(lm, x)[1] for _ in range(repeats - len(timed))]
+    return {"tokens_per_s": x.numel() / float(np.median(timed)), "peak_mem_mb": peak_memory_mb(lm.device),
             "forward_batch": list(x.shape)}

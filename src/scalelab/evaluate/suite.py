@@ -1,5 +1,6 @@
 """Every model evaluated alike: perplexity on the fixed validation windows, the offline zero-shot tasks, forward
-throughput and peak memory, and lm-evaluation-harness when it can run. One flat dict per model (DVC metrics)."""
+throughput (timed on the perplexity's own forward passes) and peak memory, and lm-evaluation-harness when it can
+run. One flat dict per model (DVC metrics)."""
 
 from __future__ import annotations
 
@@ -35,14 +36,15 @@ def evaluate(lm: EvalLM, cfg: EvaluateConfig, *, seq_len: int, val_tokens: int, 
                                    seq_len=seq_len, val_tokens=val_tokens, batch_size=cfg.batch_size)
     out: dict[str, Any] = {"model": lm.name, "path": lm.path, "kind": lm.kind, "params": lm.n_params,
                            "seq_len": int(batches[0][0].shape[1]), "windows": windows}
-    out |= perplexity(lm, batches)
+    times: list[float] = []  # each batch's forward: the throughput's samples, no passes of its own
+    out |= perplexity(lm, batches, times)
     zs = cfg.zeroshot
     tasks = run_tasks(lm, docs, items=zs.items, choices=zs.choices, context_chars=zs.context_chars, seed=zs.seed,
                       batch_size=cfg.batch_size)
     for task, r in tasks.items():
         out |= {f"{task}_acc": r["acc"], f"{task}_stderr": r["stderr"]}
     out |= {"zeroshot_items": tasks["continuation"]["n"], "chance": tasks["continuation"]["chance"]}
-    out |= throughput(lm, batches, cfg.throughput_batches)
+    out |= throughput(lm, batches, cfg.throughput_batches, times)
     out["lm_eval"] = lmeval.run(lm.path, lm.kind, cfg.lm_eval.tasks, limit=cfg.lm_eval.limit, device=lm.device.type,
                                 dtype=str(next(lm.module.parameters()).dtype).removeprefix("torch."),
                                 batch_size=cfg.batch_size)

@@ -152,45 +152,81 @@ def _full_sequences(lm: EvalLM, encoded: list[Encoded], batch_size: int) -> list
     return out
 
 
-def _shared_contexts(lm: EvalLM, groups: list[tuple[list[int], list[list[int]]]], batch_size: int) -> list[list[float]]:
-    """Σ log p(x | c) for every continuation x of every group (c, [x, ...]), each context computed once.
+def _tree(xs: list[list[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
+    """The inputs x[:-1] of the continuations `xs` as a prefix tree (a prefix two of them share is one node): each
+    node's token, parent (-1: the context) and depth; and for each continuation the node whose output predicts each
+    of its tokens (-1: the context's last position)."""
+    index: dict[tuple[int, int], int] = {}
+    tokens: list[int] = []
+    parent: list[int] = []
+    depth: list[int] = []
+    reads = []
+    for x in xs:
+        at, path = -1, [-1]
+        for k, t in enumerate(x[:-1]):
+            if (at, t) not in index:
+                index[at, t] = len(tokens)
+                tokens.append(t)
+                parent.append(at)
+                depth.append(k)
+            at = index[at, t]
+            path.append(at)
+        reads.append(path)
+    return tokens, parent, depth, reads
 
-    Per batch of groups: the contexts (right-padded) in one forward that keeps the key/value cache and the logits of
-    each context's last position (the first continuation token's prediction); then the cache row of each context is
-    repeated for its continuations, and all continuations of the batch (right-padded) run on it in one forward, with
-    positions continuing each context's own length. Causal attention makes this the same computation as scoring
-    c + x in one row: only padding, masked out, differs."""
+
+def _place(ids, pos, allowed, r: int, c: list[int], tree: tuple[list[int], list[int], list[int], list]) -> None:
+    """Row `r`: the context `c` (causal), then the tree's nodes, each at position len(c) + its depth, attending to
+    the whole context, itself and its ancestors."""
+    (tokens, parent, depth, _), n, m = tree, len(c), len(tree[0])
+    ids[r, :n], pos[r, :n] = torch.tensor(c), torch.arange(n)
+    allowed[r, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+    if m:
+        ids[r, n: n + m], pos[r, n: n + m] = torch.tensor(tokens), n + torch.tensor(depth)
+        lineage = torch.eye(m, dtype=torch.bool)
+        for j, p in enumerate(parent):  # a parent comes before its children
+            if p >= 0:
+                lineage[j] |= lineage[p]
+        allowed[r, n: n + m, :n] = True
+        allowed[r, n: n + m, n: n + m] = lineage
+
+
+def _shared_contexts(lm: EvalLM, groups: list[tuple[list[int], list[list[int]]]], batch_size: int) -> list[list[float]]:
+    """Σ log p(x | c) for every continuation x of every group (c, [x, ...]), each context and each prefix its
+    continuations share computed once: one row per group, `batch_size` rows a forward (`lm.masked`).
+
+    A row is the context, then the tree of its continuations' inputs (`_tree`); a node sits at position len(c) + its
+    depth and attends to the context and to its own ancestors in the tree, never to another branch. So each token
+    sees exactly what it sees in the row c + x, at the same positions: the same computation as one sequence per
+    continuation, up to float rounding, without the repeated context, prefixes or padding. The vocabulary projection
+    runs only where a token is predicted: the context's last position and the nodes."""
+    trees = [_tree(xs) for _, xs in groups]
+    size = [len(c) + len(t[0]) for (c, _), t in zip(groups, trees)]
     out: list[list[float]] = [[] for _ in groups]
-    order = sorted(range(len(groups)), key=lambda g: -len(groups[g][0]))
-    per_batch = max(1, batch_size // max(len(x) for _, x in groups))  # about batch_size continuation rows a forward
-    for b in range(0, len(order), per_batch):
-        idx = order[b: b + per_batch]
-        ctx = [groups[g][0] for g in idx]
-        width = max(map(len, ctx))
-        ids, mask = torch.zeros(len(idx), width, dtype=torch.long), torch.zeros(len(idx), width, dtype=torch.long)
-        for row, c in enumerate(ctx):
-            ids[row, : len(c)], mask[row, : len(c)] = torch.tensor(c), 1
-        lasts = sorted({len(c) - 1 for c in ctx})
-        logits, cache = lm.extend(ids, mask, torch.arange(width).expand(len(idx), -1), None, torch.tensor(lasts))
-        first = logits[torch.arange(len(idx)), torch.tensor([lasts.index(len(c) - 1) for c in ctx])]  # [B, V]
-        rows = [(row, x) for row, g in enumerate(idx) for x in groups[g][1]]
-        src = torch.tensor([row for row, _ in rows])
-        scores = _picked(first[src], torch.tensor([x[0] for _, x in rows], device=first.device))
-        tail = max(len(x) for _, x in rows) - 1  # the continuations' own tokens, less the last: predictions of x[1:]
-        if tail > 0:
-            cache.batch_select_indices(src.to(lm.device))
-            xs, xmask = torch.zeros(len(rows), tail, dtype=torch.long), torch.zeros(len(rows), tail, dtype=torch.long)
-            for r, (_, x) in enumerate(rows):
-                xs[r, : len(x) - 1], xmask[r, : len(x) - 1] = torch.tensor(x[:-1]), 1
-            pos = torch.tensor([len(ctx[row]) for row, _ in rows])[:, None] + torch.arange(tail)
-            logits, _ = lm.extend(xs, torch.cat([mask[src], torch.ones_like(xmask)], dim=1), pos, cache)
-            valid = xmask.bool()
-            targets = torch.cat([torch.tensor(x[1:], dtype=torch.long) for _, x in rows])
-            picked = _picked(logits[valid.to(logits.device)], targets.to(logits.device))
-            scores = scores + torch.zeros(len(rows), tail, device=picked.device).masked_scatter(
-                valid.to(picked.device), picked).sum(dim=1)
-        for r, (row, _) in enumerate(rows):
-            out[idx[row]].append(float(scores[r]))
+    order = sorted(range(len(groups)), key=lambda g: -size[g])  # similar lengths in a forward: little padding
+    for b in range(0, len(order), batch_size):
+        idx = order[b: b + batch_size]
+        width = max(size[g] for g in idx)
+        ids, pos = torch.zeros(len(idx), width, dtype=torch.long), torch.zeros(len(idx), width, dtype=torch.long)
+        allowed = torch.eye(width, dtype=torch.bool).repeat(len(idx), 1, 1)  # padding sees itself: no empty row
+        rows, cols = [], []  # the positions read: each row's context's last, then its nodes
+        at, targets, owner = [], [], []  # per scored token: where it is predicted (among those read), itself, whose
+        for r, g in enumerate(idx):
+            _place(ids, pos, allowed, r, groups[g][0], trees[g])
+            n, first, m = len(groups[g][0]), len(rows), len(trees[g][0])
+            rows += [r] * (m + 1)
+            cols += range(n - 1, n + m)
+            for x, path in zip(groups[g][1], trees[g][3]):  # each x has a token (_encode)
+                at += [first + 1 + node for node in path]
+                targets += x
+                owner += [owner[-1] + 1 if owner else 0] * len(x)
+        logits = lm.masked(ids, allowed, pos, torch.tensor(rows), torch.tensor(cols))
+        at_, dev = torch.tensor(at, device=logits.device), logits.device
+        picked = logits[at_, torch.tensor(targets, device=dev)] - torch.logsumexp(logits, dim=-1)[at_]  # log p
+        sums = torch.zeros(owner[-1] + 1, dtype=picked.dtype, device=dev).index_add_(
+            0, torch.tensor(owner, device=dev), picked).tolist()
+        for g in idx:  # the continuations' sums in the order of the groups, then of their continuations
+            out[g], sums = sums[: len(groups[g][1])], sums[len(groups[g][1]):]
     return out
 
 
@@ -199,12 +235,12 @@ def loglikelihoods(lm: EvalLM, requests: list[tuple[str, str]], batch_size: int 
                    shared: bool = True) -> list[tuple[float, int]]:
     """(Σ log p(continuation tokens | context), UTF-8 bytes scored) per (context, continuation), as `_encode` says.
 
-    With `shared` and a model that keeps a cache (`lm.extend`), the requests of one context that fit the model's
-    length whole are scored on that context computed once (`_shared_contexts`); the others, or all without,
-    as one full sequence each (`_full_sequences`). Both give the same numbers to float rounding."""
+    With `shared` and a model that takes an explicit attention mask (`lm.masked`), the requests of one context that
+    fit the model's length whole are scored in one row, the context computed once (`_shared_contexts`); the others,
+    or all without, as one full sequence each (`_full_sequences`). Both give the same numbers to float rounding."""
     enc = [_encode(lm, ctx, cont) for ctx, cont in requests]
     out: list[float | None] = [None] * len(requests)
-    if shared and lm.extend is not None:
+    if shared and lm.masked is not None:
         by_ctx: dict[str, list[int]] = {}
         for i, (ctx, _) in enumerate(requests):
             c, x, _ = enc[i]
