@@ -201,3 +201,16 @@ def largest_markdown(hd: HiddenDecodingConfig, files: Mapping[str, Path]) -> str
                          f"({min(a):.3f})" for K in ks)
         rows.append(f"| {arm} | {len(seeds)} | {largest} | {solved:.2f} | {acc} |")
     return "\n".join(rows)
+
+
+def search_table(record: dict) -> str:
+    """The positive control's budget search (a study's diagnostics JSON: {"runs": [...]}, each run its arm, K, seed,
+    settings, how it ran and its answer accuracy at the end and, where logged, along the way), one row a run."""
+    rows = ["| arm | K | seed | d (heads) | lr | warmup | weight decay | steps | ran by | answer acc at the end | "
+            "first validation solved (acc ≥ 0.99) |", "|---" * 11 + "|"]
+    for r in record["runs"]:
+        solved = next((step for step, acc in r.get("answer_acc_curve") or [] if acc >= hdp.SOLVED), None)
+        first = "–" if not r.get("answer_acc_curve") else "never" if solved is None else f"step {solved}"
+        rows.append(f"| {r['arm']} | {r['K']} | {r['seed']} | {r['d']} ({r['heads']}) | {r['lr']:g} | {r['warmup']:g} "
+                    f"| {r['weight_decay']:g} | {r['steps']} | {r['ran_by']} | {r['answer_acc']:.3f} | {first} |")
+    return "\n".join(rows)

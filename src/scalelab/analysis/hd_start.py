@@ -1,6 +1,9 @@
-"""How far an n-stream model starts from its backbone: the step-0 validation loss gap of each forward-only cell
-(`forward_only: true`, the hd-cpt-start study, configs/studies/hd-cpt-start.yaml) to the one-stream cell of the same
-seed, paired by validation window.
+"""How far an n-stream model starts from its backbone, and how that gap moves in training.
+
+The start: the step-0 validation loss gap of each forward-only cell (`forward_only: true`, the hd-cpt-start study,
+configs/studies/hd-cpt-start.yaml) to the one-stream cell of the same seed, paired by validation window. The
+recovery: each trained n > 1 cell's gap to n = 1 at every validation of their curves, from step 0 (the hd-cpt study),
+paired by seed (scalelab.analysis.hd_premises.gap_curve).
 
 Each forward-only cell scores its model at step 0 on the fixed validation windows and keeps the loss of every window
 (scalelab.train.hidden_decoding); the gap of a window is loss(cell) − loss(n = 1) on it, so the table reads the gap's
@@ -14,6 +17,8 @@ import json
 import statistics
 from pathlib import Path
 
+from scalelab.analysis import hd_premises as hdp
+from scalelab.analysis import hidden_decoding as hdr
 from scalelab.analysis.studies import cell_files
 from scalelab.config import HiddenDecodingConfig
 
@@ -61,4 +66,26 @@ def start_table(cells_dir: Path) -> str:
         sd = "–" if r["gap_sd"] is None else f"{r['gap_sd']:.4f}"
         lines.append(f"| {r['start']} | {r['positions']} | {mixing} | {r['embed_noise']:g} | {r['seed']} | {gap} | "
                      f"{sd} |")
+    return "\n".join(lines)
+
+
+def gap_table(cells_dir: Path) -> str:
+    """Each trained n > 1 cell's gap to n = 1 (mean over seeds, and its range) at every validation, from a study's
+    committed curves (`cells_dir`: its cells/ folder): the trend the recovery premise reads its last two points of."""
+    from scalelab.config import load_params
+
+    folder = Path(cells_dir).parent
+    hd = load_params(folder / "params.yaml").hidden_decoding
+    plots = cell_files(folder, "plots/hidden_decoding", ".csv")
+    curves = {c: {s: hdr.read_curve(plots[f"{c}-{s}.csv"]) for s in hd.seeds if f"{c}-{s}.csv" in plots}
+              for c in hdr.trained(hd)}
+    base = hdr.roles(hd)["base"].get(1)
+    lines = ["| cell | tokens | loss(cell) − loss(n = 1), mean over seeds | lowest, highest seed | seeds |",
+             "|---|---|---|---|---|"]
+    for cell in hdr.trained(hd):
+        if cell == base or hd.cells[cell].n_streams == 1:
+            continue
+        for tokens, gaps in hdp.gap_curve(curves.get(cell, {}), curves.get(base, {})):
+            lines.append(f"| {cell} | {tokens:.0f} | {statistics.fmean(gaps):+.4f} | {min(gaps):+.4f}, "
+                         f"{max(gaps):+.4f} | {len(gaps)} |")
     return "\n".join(lines)
