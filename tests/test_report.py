@@ -283,3 +283,15 @@ def test_the_first_screen_shows_a_card_per_paper_in_a_browser(studies):
     report.build(root, root / "data/report", cells=CELLS, eval_names=[], plots_csv=root / "c.csv")
     cards = _first_screen(root / "data/report/report.html", ["card-a", "card-b", "card-c", "card-d"])
     assert "reproduced" in cards[0][0] and "base: none is worse than standard" in cards[0][0]
+
+
+def test_a_planned_study_without_a_slice_reads_not_started(tmp_path):
+    from scalelab.analysis.studies import read_study
+
+    (tmp_path / "results/planned").mkdir(parents=True)
+    (tmp_path / "results/planned/README.md").write_text("# planned\n")
+    assert read_study(tmp_path / "results/planned")["problem"] == "study.json absent"  # no spec: a broken folder
+    (tmp_path / "configs/studies").mkdir(parents=True)
+    (tmp_path / "configs/studies/planned.yaml").write_text("name: planned\n")
+    s = read_study(tmp_path / "results/planned")
+    assert s["entries"] is None and s["problem"].startswith("not started: `scalelab study planned` runs its spec")

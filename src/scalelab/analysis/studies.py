@@ -52,6 +52,10 @@ def read_study(folder: Path) -> dict:
                            "resumes it)"}
         entries = ledger_rules.read_claims(folder / meta["ledger"])
     except FileNotFoundError as e:
+        spec = folder.parent.parent / "configs" / "studies" / f"{folder.name}.yaml"
+        if e.filename == str(folder / STUDY) and spec.is_file():  # planned, no slice run yet: nothing to read
+            return study | {"problem": f"not started: `scalelab study {folder.name}` runs its spec "
+                                       f"({spec.relative_to(folder.parent.parent)})"}
         return study | {"problem": f"{os.path.relpath(e.filename, folder)} absent"}
     except (ValueError, TypeError, KeyError, AttributeError) as e:  # malformed JSON or fields: named, not raised
         return study | {"problem": str(e).replace(str(folder) + "/", "")}
