@@ -168,6 +168,33 @@ def test_a_decay_claim_whose_gamma_did_not_move_is_untested(a_params):
     assert led["base.wd_out_hurts"]["verdict"].startswith("untested (per-step pull: λ·η 0.003, 10x the paper's")
 
 
+def _with_kind_means(cells: pl.DataFrame, input_shrink: float, final_shrink: float) -> pl.DataFrame:
+    """The cells as today's pretrain cells write them, each kind's mean γ apart: wd_in shrinks the blocks' input γ by
+    `input_shrink` and the final norm's by `final_shrink`, wd_out the output γ by 0.1; the other kinds stay at 1."""
+    def kind(col: str, arm: str, by: float) -> pl.Expr:
+        return pl.when(pl.col("variant") == arm).then(1.0 - by - 0.002 * pl.col("seed")).otherwise(1.0).alias(col)
+    return cells.with_columns(kind("gamma_input_mean", "wd_in", input_shrink),
+                              kind("gamma_final_mean", "wd_in", final_shrink),
+                              kind("gamma_output_mean", "wd_out", 0.1))
+
+
+def test_cells_with_each_kinds_mean_apart_decide_decay_on_input_gamma(a_params):
+    """Where the cells record each kind's mean (train/callbacks.py kind_means), γ moved reads the decayed kind's own
+    mean and the final norm's shrinkage is stated beside it: decay on input-norm γ is decided, no longer untested for
+    the final norm; an input γ that did not move leaves it untested on γ moved, whatever the mean of every γ says."""
+    led = _by_id(claims_a.ledger(_with_kind_means(_study(), 0.1, 0.12), {}, a_params))
+    entry = led["base.wd_in_helps"]
+    assert entry["verdict"] == claims.REPRODUCED, entry
+    premise = {p["name"]: p for p in entry["premises"]}
+    assert premise["final norm"]["passed"] and "measured apart in the cells: its mean shrank 0.1220" in \
+        premise["final norm"]["value"]
+    assert "the input-norm γ of the blocks" in premise["γ moved"]["need"] and \
+        premise["γ moved"]["value"].startswith("0.1020")
+    assert "the output-norm γ" in {p["name"]: p for p in led["base.wd_out_hurts"]["premises"]}["γ moved"]["need"]
+    still = _by_id(claims_a.ledger(_with_kind_means(_study(), 0.01, 0.12), {}, a_params))["base.wd_in_helps"]
+    assert still["verdict"].startswith("untested (γ moved: 0.0120"), still
+
+
 @mutant("gamma-moved-off")  # the γ-moved premise always holds: a decay that moved nothing decides its claim
 def _(monkeypatch):
     real = premises_a.moved_premise

@@ -72,9 +72,10 @@ def decay_premises(cells: Cells, params: Params, recipe: str, variant: str, size
     """A decay claim's premises from the cells: γ moved, the per-step pull, and (decay on input-norm γ) the final
     norm's."""
     scale = params.model.variants[variant]
-    out = [premises_a.cells_moved(cells, params, recipe, variant, sizes, level),
-           premises_a.pull_premise(premises_a.scale_pull(params, recipe), params.pretrain.total_steps())]
-    return out + ([premises_a.final_norm_premise(scale, "the cells")] if scale.wd_input_scales else [])
+    apart = premises_a.cells_moved_apart(cells, params, recipe, variant, sizes, level)
+    moved, final = apart or (premises_a.cells_moved(cells, params, recipe, variant, sizes, level), None)
+    out = [moved, premises_a.pull_premise(premises_a.scale_pull(params, recipe), params.pretrain.total_steps())]
+    return out + ([premises_a.final_norm_premise(scale, "the cells", final, level)] if scale.wd_input_scales else [])
 
 
 def _premises(cells: Cells, params: Params, recipe: str, key: str, treated: str, sizes: list[str],

@@ -73,6 +73,8 @@ class Cells:
         self.sharp = {k: r["sharpness"] for k, r in rows.items() if r.get("sharpness_converged") is not False}
         self.gamma_mean = {k: r.get("gamma_mean") for k, r in rows.items()}
         self.gamma_std = {k: r.get("gamma_std") for k, r in rows.items()}
+        self.kind_mean = {kind: {k: r.get(f"gamma_{kind}_mean") for k, r in rows.items()}
+                          for kind in ("input", "output", "final")}
         self.counts = {k: (r["params"], r["non_embedding_params"]) for k, r in rows.items()}
 
     def axes(self, recipe: str) -> tuple[list[str], list[str], list[int]]:
@@ -206,6 +208,32 @@ def final_norm_premise(scale: ScaleConfig, source: str, apart: list[float] | Non
               else "not recorded")
     return claims.premise("final norm", f"decayed, measured apart in {source}: its mean shrank {shrunk}", bool(apart),
                           need[:-1] + "), or its mean recorded apart, γ moved then read on the other input-norm γ")
+
+
+def cells_moved_apart(cells: Cells, params: Params, recipe: str, treated: str, sizes: list[str],
+                      level: float) -> tuple[dict, list[float] | None] | None:
+    """γ moved read on the decayed kinds' own means (the blocks' input γ, the output γ; their mean where both are
+    decayed), and the final γ's per-seed shrinkage where it is decayed: for cells that record each kind's mean apart
+    (train/callbacks.py kind_means). None where a paired cell lacks them (cells_moved then reads the mean of every γ)."""
+    scale = params.model.variants[treated]
+    kinds = [k for k, on in (("input", scale.wd_input_scales), ("output", scale.wd_output_scales)) if on]
+    keys = [(recipe, v, size, seed) for v in ("standard", treated) for size in sizes
+            for seed in cells.axes(recipe)[2]]
+    needed = [*kinds, "final"] if "input" in kinds else kinds
+    if not kinds or any(cells.kind_mean[k].get(key) is None for k in needed for key in keys if key in cells.loss):
+        return None
+    shrink = [cells.paired(cells.kind_mean[k], recipe, "standard", treated) for k in kinds]
+
+    def decayed(size: str, seed: int) -> float | None:
+        d = [f(size, seed) for f in shrink]
+        return None if None in d else statistics.fmean(d)
+
+    what = " and ".join(f"the {k}-norm γ" for k in kinds)
+    moved = moved_premise(cells.per_seed(recipe, decayed, sizes), level, f"the mean of {what}"
+                          + (" of the blocks (the final norm's apart)" if "input" in kinds else ""))
+    final = (cells.per_seed(recipe, cells.paired(cells.kind_mean["final"], recipe, "standard", treated), sizes)
+             if "input" in kinds else None)
+    return moved, final
 
 
 def cells_moved(cells: Cells, params: Params, recipe: str, treated: str, sizes: list[str], level: float) -> dict:

@@ -16,8 +16,10 @@ from scalelab.config import GridConfig, ScalingConfig
 from scalelab.analysis.powerlaw import Fit, fit_seeds
 
 CELL_KEYS = ("variant", "size", "recipe", "seed")
+# each kind's mean γ apart (train/callbacks.py kind_means): null in cells written before they were recorded
+KIND_MEANS = ("gamma_input_mean", "gamma_output_mean", "gamma_final_mean")
 VALUES = ("val_loss", "params", "non_embedding_params", "flops", "sharpness", "sharpness_iters", "sharpness_converged",
-          "gamma_mean", "gamma_std")
+          "gamma_mean", "gamma_std", *KIND_MEANS)
 
 
 def collect(metrics_dir: Path | dict[str, Path], cells: list[str] | None = None) -> pl.DataFrame:
@@ -26,7 +28,8 @@ def collect(metrics_dir: Path | dict[str, Path], cells: list[str] | None = None)
 
     `cells` names the cells of the current grid: files left behind by cells since removed from params are ignored,
     and a missing one is an error. None reads every file. `sharpness` is null where it was not measured, `gamma_mean`
-    and `gamma_std` (over every γ vector of the model: the decay premises) where the model has no γ."""
+    and `gamma_std` (over every γ vector of the model: the decay premises) where the model has no γ, each kind's mean
+    (KIND_MEANS) where the cell did not record it."""
     if isinstance(metrics_dir, dict):
         files = metrics_dir
     else:
@@ -48,7 +51,7 @@ def collect(metrics_dir: Path | dict[str, Path], cells: list[str] | None = None)
     schema = {"variant": pl.String, "size": pl.String, "recipe": pl.String, "seed": pl.Int64,
               "val_loss": pl.Float64, "params": pl.Int64, "non_embedding_params": pl.Int64, "flops": pl.Float64,
               "sharpness": pl.Float64, "sharpness_iters": pl.Int64, "sharpness_converged": pl.Boolean,
-              "gamma_mean": pl.Float64, "gamma_std": pl.Float64}
+              "gamma_mean": pl.Float64, "gamma_std": pl.Float64, **dict.fromkeys(KIND_MEANS, pl.Float64)}
     return pl.DataFrame(rows, schema=schema)
 
 
