@@ -180,6 +180,8 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
                     "peak_memory_bytes_dense": dense["peak_memory_bytes"],
                     "calib_tokens": cal.samples * cal.seq_len, "val_tokens": sum(y.numel() for _, y in val),
                     **allocation_metrics(records, shared, cfg, spec.allocation or cfg.allocation.kind),
+                    # a SigmaScale that cannot reach its plateau by construction: a smoke run, in no claim
+                    **({"smoke": True} if method in cfg.smoke() else {}),
                     **({"sigmascale_maps": len(steps), "sigmascale_plateau": sum(s["stop"] in ("plateau", "rising") for s in steps),
                         "sigmascale_steps_median": sorted(s["steps"] for s in steps)[len(steps) // 2],
                         "sigmascale_stop_rule": cfg.sigmascale.stop,

@@ -118,7 +118,7 @@ def factorize(name: str, method: MethodConfig, weight: torch.Tensor, k: int, sta
     if method.kind == "asvd":
         return methods.asvd(weight, k, stats.abs_mean, method.alpha)
     if method.kind == "svd_llm":
-        return methods.svd_llm(weight, k, stats.gram)
+        return methods.svd_llm(weight, k, stats.gram, root=stats.whitening())
     if method.kind == "fwsvd":
         return methods.fwsvd(weight, k, fisher)
     return sigmascale_map(name, weight, k, stats, method, sigma_cfg, seed, store, context)
@@ -178,7 +178,10 @@ def compress_model(model: nn.Module, calib: Calibration | Sequence[Batch], metho
             t0 = time.perf_counter()
             f = factorize(name, method, weight, k, stats[name], calib.fisher.get(name), sigma_cfg, seed, store, context)
             seconds = time.perf_counter() - t0
-            loss, best = methods.layer_loss(weight, f.left, f.right, stats[name].gram), calib.best_loss(name, k)
+            loss = f.info.get("layer_loss")  # SigmaScale's own record has it (the same function, the same factors)
+            if loss is None:
+                loss = methods.layer_loss(weight, f.left, f.right, stats[name].gram)
+            best = calib.best_loss(name, k)
             records.append(LayerRecord(name, m, n, k, loss, best, loss / best if best > 0 else None, before[0],
                                        effective_rank(f.sigma), before[1], participation_ratio(f.sigma), seconds,
                                        f.info))

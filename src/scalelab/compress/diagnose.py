@@ -2,6 +2,7 @@
 
     python -m scalelab.compress.diagnose --params results/<study>/params.yaml --seed 0 --keep 0.75 \
         --maps 3.self_attn.q_proj 3.mlp.down_proj ... [--optimiser 3.self_attn.q_proj ...] --out <file>.json
+        [--init asvd] [--max-steps 300] [--patience 10]
 
 Reads compress.source, compress.calibration and compress.sigmascale of the params file (the study's settings), draws
 the seed's calibration windows from the train split as the compress stage does, collects the statistics of the named
@@ -47,8 +48,9 @@ def resolve(model, short: list[str]) -> list[str]:
 
 
 def run(cfg, seed: int, keep: float, maps: list[str], optimiser_maps: list[str], lrs: tuple[float, ...] = (2e-2,),
-        max_evals: int = 400) -> dict:
-    """The diagnostics cell on `cfg` (a CompressConfig) at calibration seed `seed` and uniform kept fraction `keep`."""
+        max_evals: int = 400, init: str = "random") -> dict:
+    """The diagnostics cell on `cfg` (a CompressConfig) at calibration seed `seed` and uniform kept fraction `keep`;
+    the stopping diagnostic from the start `init`."""
     from scalelab.compress.cells import device, streams
     from scalelab.model.hf import load_causal_lm, load_hf_tokenizer
     from scalelab.runtime import placement
@@ -72,7 +74,7 @@ def run(cfg, seed: int, keep: float, maps: list[str], optimiser_maps: list[str],
         m, n = weight.shape
         k = rank_for(m, n, keep)
         rec = {"name": name, "m": m, "n": n, "rank": k,
-               "stopping": diagnostics.stopping(name, weight, k, stats[name], seed, cfg.sigmascale)}
+               "stopping": diagnostics.stopping(name, weight, k, stats[name], seed, cfg.sigmascale, init)}
         log.info("%s: fixed/plateau loss %.4f (%.0f s)", name, rec["stopping"]["fixed_over_plateau"],
                  rec["stopping"]["seconds"])
         if name in extra:
@@ -94,7 +96,7 @@ def run(cfg, seed: int, keep: float, maps: list[str], optimiser_maps: list[str],
                     "floor_rel_svd_llm": gm(o["floor_rel_svd_llm"] for o in opt),
                     "optimiser_share_median": sorted(o["optimiser_share"] for o in opt)[len(opt) // 2],
                     "seconds_optimiser": sum(r["seconds"] for o in opt for r in o["runs"].values())}
-    return {"source": location, "seed": seed, "keep": keep, "calib_tokens": cal.samples * cal.seq_len,
+    return {"source": location, "seed": seed, "keep": keep, "calib_tokens": cal.samples * cal.seq_len, "init": init,
             "sigmascale": cfg.sigmascale.model_dump(mode="json"), "threads": torch.get_num_threads(),
             "summary": summary, "maps": records}
 
@@ -108,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--optimiser", nargs="*", default=[], help="maps that also get the optimiser diagnostic")
     ap.add_argument("--lrs", type=float, nargs="*", default=[2e-2], help="AdamW learning rates beside the paper's")
     ap.add_argument("--max-evals", type=int, default=400, help="L-BFGS objective evaluations per map and start")
+    ap.add_argument("--init", choices=("random", "svd_llm", "asvd"), default="random",
+                    help="the stopping diagnostic's start (default: the paper's)")
+    ap.add_argument("--max-steps", type=int, help="compress.sigmascale.max_steps for this run (default: the params')")
+    ap.add_argument("--patience", type=int, help="compress.sigmascale.patience for this run (default: the params')")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -124,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
             from scalelab.config import ParamsError
 
             raise ParamsError(f"{args.params} has no compress section")
-        result = run(cfg, args.seed, args.keep, args.maps, args.optimiser, tuple(args.lrs), args.max_evals)
+        over = {k: v for k, v in (("max_steps", args.max_steps), ("patience", args.patience)) if v is not None}
+        cfg = cfg.model_copy(update={"sigmascale": cfg.sigmascale.model_copy(update=over)})
+        result = run(cfg, args.seed, args.keep, args.maps, args.optimiser, tuple(args.lrs), args.max_evals, args.init)
         write_json_atomic(Path(args.out), result)
 
     return reported("compress diagnostics", body)

@@ -43,10 +43,13 @@ def _adam(weight, k, gram, start, cfg: SigmaScaleConfig, **over):
     return run, time.perf_counter() - t0
 
 
-def stopping(name: str, weight: torch.Tensor, k: int, stats: Stats, seed: int, cfg: SigmaScaleConfig) -> dict:
-    """The plateau rule's answer against the last of `cfg.max_steps` steps, on one map (module docstring)."""
+def stopping(name: str, weight: torch.Tensor, k: int, stats: Stats, seed: int, cfg: SigmaScaleConfig,
+             init: str = "random") -> dict:
+    """The plateau rule's answer against the last of `cfg.max_steps` steps, on one map (module docstring), from the
+    start `init` (sigmascale.initial_scalings: the paper's `random`, or a warm start)."""
     best = methods.svd_llm_loss(weight, k, stats.gram)
-    start = initial_scalings(weight, init="random", init_std=cfg.init_std, generator=keys.map_generator(name, seed))
+    start = initial_scalings(weight, init=init, init_std=cfg.init_std, generator=keys.map_generator(name, seed),
+                             gram=stats.gram, abs_mean=stats.abs_mean)
     run, seconds = _adam(weight, k, stats.gram, start, cfg, stop="fixed")
     plateau = run.alternatives["plateau"] or run.alternatives["best"]  # the rule never fired: a capped run's best
     out = {"loss_svd_llm": best, "loss_init": loss_of(weight, k, stats.gram, *start),
@@ -54,7 +57,7 @@ def stopping(name: str, weight: torch.Tensor, k: int, stats: Stats, seed: int, c
            "loss_plateau": loss_of(weight, k, stats.gram, *plateau),
            "loss_best_seen": loss_of(weight, k, stats.gram, *run.alternatives["best"]),
            "plateau_step": run.info["plateau_step"], "plateau_rule": run.info["plateau_rule"],
-           "steps": run.info["steps"], "seconds": seconds}
+           "steps": run.info["steps"], "seconds": seconds, "init": init}
     out["fixed_over_plateau"] = out["loss_fixed"] / out["loss_plateau"]
     return out
 

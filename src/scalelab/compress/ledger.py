@@ -22,6 +22,8 @@ Premises, each measured from the cells and their maps (a failed one makes the cl
     compression acted            the worse side loses ≥ ROOM nats to the uncompressed model: room for an ordering
     allocation differs from uniform   ≥ ALLOC_MIN of the sensitivity side's maps off uniform's rank
     scaling moved the spectrum   ≥ MOVED_MIN of the correlated layers' effective rank moved by the scaling
+A SigmaScale whose step cap leaves the plateau rule no room to fire (CompressConfig.smoke: at most 2·patience steps)
+cannot meet its first premise by construction: a smoke run of the code path, in no claim (the default profile's).
 Regime: the model's parameters, its decoder linear weights, the calibration tokens per seed and SigmaScale's longest
 map, beside the paper's. Every claim is small-scale: what a real 135M-class model says of the ordering and of the
 allocation's effect is a sign at its own scale, not the paper's 7B numbers.
@@ -182,8 +184,9 @@ def ledger(cells: Sequence[Mapping], layers: Mapping[tuple[str, float, int], Seq
            cfg: CompressConfig) -> list[dict]:
     """Every claim the grid can speak to, decided by scalelab.analysis.claims (premises first, then the interval)."""
     table, maps = cells_table(cells), maps_table(layers)
-    layer_table = layers_table({k: v for k, v in layers.items() if k[0] in distinct(cfg)})
-    present = set(table["method"].to_list())
+    smoke = cfg.smoke()  # a SigmaScale that cannot reach its plateau by construction decides nothing: left out
+    layer_table = layers_table({k: v for k, v in layers.items() if k[0] in distinct(cfg) - smoke})
+    present = set(table["method"].to_list()) - smoke
     sigma = {m for m in present if cfg.methods[m].kind == "sigmascale"}
     keeps = sorted(set(table["keep"].to_list()), reverse=True)
 

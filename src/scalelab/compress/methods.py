@@ -12,7 +12,12 @@ The layer loss every method is judged by is ‖WX − ŴX‖²_F/(m·n) over all
 C = XXᵀ as tr(ΔCΔᵀ)/(m·n), Δ = W − Ŵ. With C = SSᵀ it is ‖ΔS‖²_F, so SVD-LLM's Ŵ is its exact minimiser (Eckart–Young
 on W·S) and its loss is the sum of the discarded σ² of W·S, divided by m·n.
 
-Everything here runs in float64: the whitening S and its inverse are ill-conditioned in float32.
+Precision. Plain SVD, ASVD and FWSVD factor a rescaled W in float32, the precision of the weights they replace: an
+SVD is backward stable, so the factorisation's error is float32's rounding of W·S itself, far below the truncation's
+(tests/test_compress_cost.py pins their layer loss to float64's, on inputs whose Gram has condition number ~7e10).
+SVD-LLM alone stays in float64: it is the reference every layer loss is read against (its loss at rank k is the
+layer-wise optimum, Calibration.best_loss), and its Cholesky factor S and the solve by S carry C's condition number,
+the square of the inputs'.
 """
 
 from __future__ import annotations
@@ -71,20 +76,22 @@ def layer_loss(weight: torch.Tensor, left: torch.Tensor, right: torch.Tensor, gr
 
 
 def plain_svd(weight: torch.Tensor, k: int) -> Factors:
-    left, right, s = truncate(weight.double(), k)
+    left, right, s = truncate(weight.float(), k)
     return Factors(left, right, s)
 
 
 def asvd(weight: torch.Tensor, k: int, abs_mean: torch.Tensor, alpha: float = 0.5) -> Factors:
     """Activation-aware SVD: columns scaled by S = diag(mean|x|)^α before truncation (α = 0: plain SVD)."""
-    scale = abs_mean.double().clamp_min(EPS) ** alpha
-    left, right, s = truncate(weight.double() * scale, k)  # W·S
+    scale = abs_mean.float().clamp_min(EPS) ** alpha
+    left, right, s = truncate(weight.float() * scale, k)  # W·S
     return Factors(left, right / scale, s)  # R·S⁻¹
 
 
-def svd_llm(weight: torch.Tensor, k: int, gram: torch.Tensor, jitter: float = 1e-6) -> Factors:
-    """Truncation-aware whitening: SVD of W·S with S = chol(XXᵀ); Ŵ = SVD_k(W·S)·S⁻¹ minimises the layer loss."""
-    s_white, eps = whitening(gram, jitter)
+def svd_llm(weight: torch.Tensor, k: int, gram: torch.Tensor, jitter: float = 1e-6, *,
+            root: tuple[torch.Tensor, float] | None = None) -> Factors:
+    """Truncation-aware whitening: SVD of W·S with S = chol(XXᵀ); Ŵ = SVD_k(W·S)·S⁻¹ minimises the layer loss.
+    `root`: (S, ε) as `whitening(gram, jitter)` returns it, when already computed (calibrate.Stats.whitening)."""
+    s_white, eps = root if root is not None else whitening(gram, jitter)
     left, right, s = truncate(weight.double() @ s_white, k)
     right = torch.linalg.solve_triangular(s_white, right, upper=False, left=False)  # R·S⁻¹
     return Factors(left, right, s, {"jitter": eps})
@@ -100,6 +107,6 @@ def svd_llm_loss(weight: torch.Tensor, k: int, gram: torch.Tensor, jitter: float
 
 def fwsvd(weight: torch.Tensor, k: int, fisher_rows: torch.Tensor) -> Factors:
     """Fisher-weighted SVD: rows weighted by √I_i, I_i = Σ_j E[(∂ℓ/∂W_ij)²] over calibration sequences."""
-    scale = fisher_rows.double().clamp_min(EPS).sqrt()[:, None]
-    left, right, s = truncate(scale * weight.double(), k)
+    scale = fisher_rows.float().clamp_min(EPS).sqrt()[:, None]
+    left, right, s = truncate(scale * weight.float(), k)
     return Factors(left / scale, right, s)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from scalelab.compress import keys, methods, sensitivity
+from scalelab.compress import keys, sensitivity
 from scalelab.compress.calibrate import Batch, Stats, collect, decoder_linears, eta, fisher_rows
 from scalelab.compress.store import Store
 from scalelab.runtime.log import Every
@@ -57,10 +57,10 @@ class Calibration:
         for i, group in enumerate(self.groups):
             stats = collect(model, self.batches, group)
             for name in group:
-                s_white, eps = methods.whitening(stats[name].gram)
+                s_white, eps = stats[name].whitening()
                 w = model.get_submodule(name).weight.detach().double()
                 self.whitened[name] = torch.linalg.svdvals(w @ s_white).cpu()
-                self.spectrum[name] = torch.linalg.svdvals(w).cpu()
+                self.spectrum[name] = torch.linalg.svdvals(w.float()).double().cpu()  # W's own precision
                 self.jitter[name] = eps
             if self.spill is None:
                 self._memory[i] = stats

@@ -170,6 +170,16 @@ class CompressConfig(Strict):
             raise ValueError("compress.allocation.samples must not exceed compress.calibration.samples")
         return self
 
+    def smoke(self) -> set[str]:
+        """The grid's SigmaScale methods that cannot reach their plateau by construction: the official rule needs
+        more than 2·patience steps (sigmascale.plateaued), and a cap at or below that stops every map first. Such a
+        run can never meet the premise "SigmaScale converged", so it is a smoke test of the code path on the model:
+        measured and reported, left out of the ledger (compress/ledger.py)."""
+        s = self.sigmascale
+        if s.max_steps > 2 * s.patience:
+            return set()
+        return {m for m in self.grid.methods if self.methods[m].kind == "sigmascale"}
+
     def cell(self, method: str, keep: str, seed: int) -> str:
         """The name of one matrix cell (its folder and metrics file): `<method>-<keep>-<seed>`, with `keep` spelled
         as dvc.yaml's matrix spells it (the grid's value as a string)."""
