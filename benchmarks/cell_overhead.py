@@ -103,7 +103,7 @@ def main() -> None:
                              "cells this benchmark measures cannot run")
         rows: list[tuple[str, str, dict]] = []
         report: list[str] = []
-        with server(ws, report.append, env) as warm_env:
+        with server(ws, report.append, env, wait=True) as warm_env:
             ready = bool(warm_env) and Path(warm_env[WARM_ENV]).exists()  # its start-up is the flow's, not a cell's
             if not ready:
                 raise SystemExit("cell_overhead: the warm server did not start: the warm cells cannot be measured")

@@ -2,6 +2,7 @@
 streams, exit status, signals), and runs in place when there is no server."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,18 +28,22 @@ if sys.argv[1] == "torch":
     import torch
     torch.set_num_threads(2)
     print("torch", torch.get_num_threads(), float((torch.ones(64, 64) @ torch.ones(64, 64)).sum()))
+if sys.argv[1] == "draw":  # unseeded, from generators the server imported
+    import random, numpy
+    print("draws", random.random(), numpy.random.random())
 sys.exit(int(sys.argv[2]))
 """
 
 
 @pytest.fixture
 def served(tmp_path):
-    """A warm server preloading torch (as the pipeline's preloads it, one thread per library); (socket, server)."""
+    """A warm server preloading torch (as the pipeline's preloads it, one thread per library) and numpy's generators
+    (scalelab.train imports them); (socket, server)."""
     (tmp_path / "stage.py").write_text(SCRIPT)
     sock = tmp_path / "warm.sock"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "scalelab.pipeline.warm", "--socket", str(sock), "--preload", "torch"],
-                              env=env, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, "-m", "scalelab.pipeline.warm", "--socket", str(sock), "--preload",
+                               "torch", "numpy.random"], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not sock.exists():
         assert server.poll() is None, server.stderr.read()
@@ -71,6 +76,20 @@ def test_torch_works_in_a_forked_stage(tmp_path, served):
     sock, server = served
     out, _ = stage(tmp_path, sock, "torch", "0").communicate("\n", timeout=120)
     assert f"child-of {server.pid}" in out and "torch 2 262144.0" in out
+
+
+def test_forked_stages_draw_afresh_and_the_server_serves_on_past_ctrl_c(tmp_path, served):
+    """Unseeded draws differ between two stages, as between two cold processes (a fork copies the generators' state).
+    Ctrl-C signals the terminal's whole foreground group, the server included: it serves on, each stage getting the
+    signal from its own process (handoff forwards it)."""
+    sock, server = served
+    server.send_signal(signal.SIGINT)
+    draws = []
+    for _ in range(2):
+        out, _ = stage(tmp_path, sock, "draw", "0").communicate("\n", timeout=120)
+        assert f"child-of {server.pid}" in out, out
+        draws.append(out.split("draws")[1].split())
+    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1], draws
 
 
 def test_signals_reach_the_stage_and_a_killed_client_ends_it(tmp_path, served):
@@ -131,8 +150,13 @@ def _alive(pid: int) -> bool:
 
 
 def test_without_a_server_the_stage_runs_in_place(tmp_path):
+    import socket
+
     (tmp_path / "stage.py").write_text(SCRIPT)
-    for sock in (None, tmp_path / "gone.sock"):  # not configured, or configured but not serving
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+        dead.bind(str(tmp_path / "dead.sock"))  # the socket file a killed server leaves, no one listening
+    # not configured, configured but not serving, or its server killed
+    for sock in (None, tmp_path / "gone.sock", tmp_path / "dead.sock"):
         out, _ = stage(tmp_path, sock, "run", "0").communicate("hi\n", timeout=120)
         assert "child-of" in out and f"child-of {os.getpid()}" in out  # its parent is this test: no fork
 
@@ -248,3 +272,167 @@ def _(monkeypatch):  # the first version: every imported file under the root, a 
 @pytest.mark.mutation
 def test_the_project_files_test_catches_hashing_installed_packages():
     assert_caught("tests/test_warm.py::test_only_the_projects_own_files_are_hashed", "warm-hashes-installed-packages")
+
+
+def test_a_stage_that_comes_while_its_server_imports_waits_for_it(tmp_path, monkeypatch):
+    """The flow starts its server without waiting for its imports: a stage that comes meanwhile waits for the socket
+    and runs warm (its own imports would cost as much again); when the starting server dies instead, the stage runs
+    in place at once. Each server's preload holds its imports until the stage has come (its marker), then serves or
+    dies."""
+    (tmp_path / "stage.py").write_text(SCRIPT.replace("handoff()\n", "open('../arrived', 'w').close()\nhandoff()\n", 1))
+    hold = ("import os, time\ndeadline = time.monotonic() + 120\n"
+            "while not os.path.exists(os.environ['ARRIVED']) and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+            "time.sleep(0.5)\n")  # the stage is in its wait by then
+    (tmp_path / "slowlib.py").write_text(hold)
+    (tmp_path / "deadlib.py").write_text(hold + "os._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("ARRIVED", str(tmp_path / "arrived"))
+    for lib, warm_run in (("slowlib", True), ("deadlib", False)):
+        (tmp_path / "arrived").unlink(missing_ok=True)
+        folder, server = warm.start(tmp_path, preload=(lib,))
+        try:
+            # a stage that waited out READY_S (300 s) for the dead server would fail this timeout
+            out, _ = stage(tmp_path, folder / "warm.sock", "run", "0").communicate("hi\n", timeout=120)
+            assert (f"child-of {server.pid}" in out) == warm_run and "child-of" in out, (lib, out)
+        finally:
+            warm.stop(server)
+            shutil.rmtree(folder)
+
+
+def test_a_starting_marker_counts_for_a_live_server_of_that_socket_and_only_for_a_while(tmp_path):
+    """What makes a stage wait (handoff.starting): the marker beside the socket names a live process that serves that
+    very socket, written less than READY_S ago. A dead server (a zombie not yet reaped, or gone), a pid reused by
+    another program or by another socket's server, or a server stuck in its imports past READY_S: no wait."""
+    from scalelab.pipeline import handoff
+
+    sock, other = tmp_path / "warm.sock", tmp_path / "other.sock"
+    marker = Path(f"{sock}{handoff.STARTING}")
+
+    def fake_server(path: Path) -> subprocess.Popen:  # a command line as warm.start's
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "scalelab.pipeline.warm",
+                                 "--socket", str(path)])
+
+    live, elsewhere = fake_server(sock), fake_server(other)
+    try:
+        assert not handoff.starting(sock)  # no marker
+        for pid, expected in ((live.pid, True), (elsewhere.pid, False), (os.getpid(), False)):
+            marker.write_text(str(pid))
+            assert handoff.starting(sock) == expected, pid
+        marker.write_text(str(live.pid))
+        os.utime(marker, (time.time() - handoff.READY_S - 1,) * 2)
+        assert not handoff.starting(sock)  # stuck in its imports since
+        marker.write_text(str(live.pid))
+        live.kill()
+        deadline = time.monotonic() + 30
+        while _alive(live.pid):  # a zombie: this test has not reaped it
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not handoff.starting(sock)
+        live.wait()
+        assert not handoff.starting(sock)  # gone
+    finally:
+        for proc in (live, elsewhere):
+            proc.kill()
+            proc.wait()
+
+
+@mutant("handoff-ignores-a-starting-server")
+def _(monkeypatch):
+    """Stages never wait for a starting server (a sitecustomize in the processes this test starts)."""
+    import tempfile
+
+    site = Path(tempfile.mkdtemp(prefix="mutant-"))
+    (site / "sitecustomize.py").write_text("import scalelab.pipeline.handoff as h\nh.starting = lambda path: False\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.mark.mutation
+def test_the_waiting_test_catches_a_stage_that_does_not_wait():
+    assert_caught("tests/test_warm.py::test_a_stage_that_comes_while_its_server_imports_waits_for_it",
+                  "handoff-ignores-a-starting-server")
+
+
+PROBE_STAGE = """\
+import hashlib, os, sys
+from pathlib import Path
+from scalelab.pipeline.stage import stage_main
+
+def body(params):
+    parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    import importlib
+    import torch
+    from scalelab.pipeline.warm import PRELOAD
+
+    for spec in PRELOAD:  # what a training stage imports, and the server imported: each sets its defaults
+        module, _, attrs = spec.partition(":")
+        imported = importlib.import_module(module)
+        [getattr(imported, attr) for attr in filter(None, attrs.split(","))]
+    start = "warm" if b"scalelab.pipeline.warm" in parent else "cold"
+    torch.manual_seed(params.seed)
+    x = torch.randn(128, 128)
+    # the same in every stage when each runs as a cold one would: a result, torch's threads, what the imports set,
+    # where modules load from
+    seen = (float((x @ x).sum()), torch.get_num_threads(), sorted(os.environ), sys.path)
+    same = hashlib.sha256(repr(seen).encode()).hexdigest()[:16]
+    Path(f"out_{sys.argv[1]}.txt").write_text(f"{start} seed {params.seed} {same}\\n")
+
+if __name__ == "__main__":
+    sys.exit(stage_main(body, "../params.yaml"))
+"""
+PROBE_DVC = """\
+stages:
+  a: {cmd: python stages/probe.py a, outs: [out_a.txt]}
+  b: {cmd: python stages/probe.py b, deps: [out_a.txt], outs: [out_b.txt]}
+  c: {cmd: python stages/probe.py c, deps: [out_b.txt], outs: [out_c.txt]}
+"""
+
+
+def test_a_plain_dvc_repro_starts_its_stages_warm_from_the_second(tmp_path):
+    """`dvc repro` of three stage scripts in a scalelab project: the first runs in its own process, DVC's process then
+    starts a warm server that runs the other two as the first ran (the same result, torch threads, environment and
+    module path), and the server ends with DVC."""
+    from conftest import marked_processes
+    from workspace import workspace_copy
+
+    ws = tmp_path / "ws"
+    env = workspace_copy(ws) | {"SCALELAB_PROBE_TREE": "1"}
+    probe = ws / "probe"
+    (probe / "stages").mkdir(parents=True)
+    (probe / "stages" / "probe.py").write_text(PROBE_STAGE)
+    (probe / "dvc.yaml").write_text(PROBE_DVC)
+    env.pop(warm.WARM_ENV, None)
+    res = subprocess.run([sys.executable, "-m", "dvc", "repro", "probe/dvc.yaml"], cwd=ws, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    outs = {s: (probe / f"out_{s}.txt").read_text().split() for s in "abc"}
+    assert [outs[s][0] for s in "abc"] == ["cold", "warm", "warm"] and outs["c"][2] == "0", outs
+    assert len({outs[s][3] for s in "abc"}) == 1, outs  # warm as cold
+    assert not marked_processes("SCALELAB_PROBE_TREE")  # the server ended with DVC
+
+
+def test_a_repro_starts_its_server_at_its_second_stage_script(monkeypatch, tmp_path):
+    """DVC's command runner, wrapped once: a dry run, a command that is not a stage script (validate's) and the first
+    stage script start nothing (a server's imports would cost what that stage's own cost); the second starts one."""
+    from types import SimpleNamespace
+
+    from dvc.stage import run as stage_run
+
+    from scalelab.pipeline import repro_warm
+
+    ran, started = [], []
+    monkeypatch.setattr(stage_run, "cmd_run", lambda stage, dry=False, run_env=None: ran.append(stage.addressing))
+    monkeypatch.setattr(repro_warm, "_start", lambda root: started.append(len(ran)) or monkeypatch.setenv(
+        warm.WARM_ENV, str(root / "warm.sock")))
+    monkeypatch.delenv(warm.WARM_ENV, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    repro_warm.install(tmp_path)
+    repro_warm.install(tmp_path)  # idempotent: DVC's runner wrapped once
+    validate = SimpleNamespace(cmd="python -m scalelab.pipeline.check --stage", addressing="validate")
+    script = [SimpleNamespace(cmd=f"python stages/s.py --cell {i}", addressing=f"s@{i}") for i in range(3)]
+    stage_run.cmd_run(validate)
+    stage_run.cmd_run(script[0], dry=True)
+    stage_run.cmd_run(script[0])
+    assert started == [] and ran == ["validate", "s@0", "s@0"]
+    stage_run.cmd_run(script[1], run_env={})
+    stage_run.cmd_run(script[2])
+    assert started == [3] and ran[3:] == ["s@1", "s@2"]  # before the second script ran, once

@@ -11,9 +11,14 @@ import signal
 import socket
 import struct
 import sys
+import time
 from pathlib import Path
 
 WARM_ENV = "SCALELAB_WARM"  # the server's socket path, set by the flow for its tasks
+# Beside the socket while its server imports (the server's pid): a stage that comes meanwhile waits for the socket
+# rather than importing everything itself, which would take as long and as much CPU as the server's own imports
+STARTING = ".starting"
+READY_S = 300.0  # the longest a stage waits for a starting server (its imports take seconds on idle cores)
 RANK_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # to the stage's process group in the server
 _HEADER = struct.Struct("!I")
@@ -36,11 +41,27 @@ def recv(sock: socket.socket, maxfds: int = 0) -> tuple[object, list[int]]:
     return json.loads(buf[_HEADER.size:]), fds
 
 
+def starting(path: str | os.PathLike) -> bool:
+    """Whether a server for the socket at `path` is still importing: its STARTING file names a live process serving
+    that very socket (a reused pid, even another warm server's, is not it; a dead server's is a zombie or gone, with
+    no command line), written less than READY_S ago (a server stuck in its imports holds each stage at most until
+    then, not READY_S each)."""
+    marker = Path(f"{os.fspath(path)}{STARTING}")
+    try:
+        pid, written = int(marker.read_text()), marker.stat().st_mtime
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):  # none starting (the socket is up, or there never was a server)
+        return False
+    return b"scalelab.pipeline.warm" in cmdline and os.fsencode(path) in cmdline and time.time() - written < READY_S
+
+
 def handoff() -> None:
     """Run this stage in the warm server and exit with its status; return (run here) when there is none to use."""
     path = os.environ.get(WARM_ENV)
     if not path or any(os.environ.get(v, "0") != "0" for v in RANK_VARS) or not Path(sys.argv[0]).is_file():
         return
+    while not os.path.exists(path) and starting(path):  # a few seconds: the server's imports (STARTING)
+        time.sleep(0.05)
     # The forked stage starts (and may print) before the reply with its pid arrives here: a signal sent to this
     # process in between must wait for the handler that forwards it, not end this process and orphan the stage.
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)

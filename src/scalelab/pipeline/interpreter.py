@@ -22,7 +22,8 @@ with another copy of it. Three parts:
   and, on a bad param, exits 2 (3: a missing input) with one line naming the key, before DVC takes its lock or
   touches a file. Any other command, a project without params.yaml or not run by scalelab, a process that is not
   DVC's: nothing happens. The check imports neither torch nor Lightning, and its verdict is remembered by the hash
-  of what it read: an unchanged project costs DVC a few file reads.
+  of what it read: an unchanged project costs DVC a few file reads. A `dvc repro` (not `--dry`) that passes then
+  starts its stages warm from the second on (scalelab.pipeline.repro_warm).
 """
 
 from __future__ import annotations
@@ -156,19 +157,29 @@ def guarded(dvc_main):
 
     @functools.wraps(dvc_main)
     def main(argv=None):
-        refusal = dvc_refusal(sys.argv[1:] if argv is None else list(argv))
+        argv = sys.argv[1:] if argv is None else list(argv)
+        command = _repro_command(argv)
+        refusal = _refusal(command)
         if refusal is not None:
             code, line = refusal
             print(line, file=sys.stderr)
             return code
+        if command is not None and command[2] == "dvc repro" and not getattr(command[0], "dry", False):
+            try:
+                from scalelab.pipeline import repro_warm
+
+                repro_warm.install(command[1])  # its stages from the second on start warm (pipeline/repro_warm.py)
+            except Exception as err:  # noqa: BLE001 - DVC runs its stages cold, as it would have
+                _skipped(err, "warm stages")
         return dvc_main(argv)
 
     return main
 
 
-def dvc_refusal(argv: list[str]) -> tuple[int, str] | None:
-    """(exit code, one line) when `dvc <argv>` is a `repro` or `exp run` of a scalelab project whose params are bad;
-    None otherwise, and whenever the check itself cannot run (DVC then runs as it would have)."""
+def _repro_command(argv: list[str]):
+    """(DVC's parsed args, the project root, "dvc repro" or "dvc exp run") when `dvc <argv>` is a `repro` or `exp
+    run` of a scalelab project; None otherwise (help, a usage error DVC reports itself, `--run-all`, another command
+    or project)."""
     if "-h" in argv or "--help" in argv:
         return None
     import contextlib
@@ -188,7 +199,20 @@ def dvc_refusal(argv: list[str]) -> tuple[int, str] | None:
     root = _dvc_root(Path(args.cd or "."))
     if root is None or not _is_scalelab(root):
         return None
-    prog = "dvc exp run" if hasattr(args, "set_param") else "dvc repro"
+    return args, root, "dvc exp run" if hasattr(args, "set_param") else "dvc repro"
+
+
+def dvc_refusal(argv: list[str]) -> tuple[int, str] | None:
+    """(exit code, one line) when `dvc <argv>` is a `repro` or `exp run` of a scalelab project whose params are bad;
+    None otherwise, and whenever the check itself cannot run (DVC then runs as it would have)."""
+    return _refusal(_repro_command(argv))
+
+
+def _refusal(command) -> tuple[int, str] | None:
+    """dvc_refusal of a command `_repro_command` parsed."""
+    if command is None:
+        return None
+    args, root, prog = command
     overrides = []  # `-S [file:]override` (dvc.utils.cli_parse.to_path_overrides): those for params.yaml
     for value in getattr(args, "set_param", None) or []:
         file, _, override = value.partition(":") if ":" in value.partition("=")[0] else ("params.yaml", "", value)
@@ -211,9 +235,8 @@ def dvc_refusal(argv: list[str]) -> tuple[int, str] | None:
     return None
 
 
-def _skipped(err: BaseException) -> None:
-    print(f"scalelab: params check before DVC skipped ({type(err).__name__}: {' '.join(str(err).split())[:200]})",
-          file=sys.stderr)
+def _skipped(err: BaseException, what: str = "params check before DVC") -> None:
+    print(f"scalelab: {what} skipped ({type(err).__name__}: {' '.join(str(err).split())[:200]})", file=sys.stderr)
 
 
 def _dvc_root(start: Path) -> Path | None:

@@ -4,6 +4,10 @@ per cell, most of a small cell's cost outside its compute).
 
     python -m scalelab.pipeline.warm --socket /tmp/x/warm.sock [--parent PID]    # the flow starts one per run
 
+(and a plain `dvc repro` one at its second stage script: scalelab.pipeline.repro_warm). Neither waits for its imports:
+a stage that comes meanwhile waits for the socket (handoff's STARTING file names the importing server), and runs cold
+at once if that server dies.
+
 DVC runs a stage's command as always (`python stages/pretrain.py ...`). With SCALELAB_WARM naming a live server's
 socket, `scalelab.pipeline.stage.stage_main` first calls `handoff()` (scalelab.pipeline.handoff): it sends the server its argv, working directory and
 environment, and its stdin/stdout/stderr as file descriptors (SCM_RIGHTS). The server forks; the child takes those
@@ -34,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from scalelab.pipeline import forkcheck
-from scalelab.pipeline.handoff import WARM_ENV, recv, send
+from scalelab.pipeline.handoff import READY_S, STARTING, WARM_ENV, recv, send
 
 # The server's modules are imported where used.
 
@@ -81,7 +85,9 @@ def _child(request: dict, fds: list[int], defaults: dict[str, str]) -> None:
             text = io.TextIOWrapper(raw if fd == 0 else io.BufferedWriter(raw), encoding="utf-8", errors="replace",
                                     line_buffering=fd == 2 or raw.isatty(), write_through=fd > 0 and unbuffered)
             setattr(sys, name, text)
-        random.seed()
+        random.seed()  # and numpy's global generator, if imported: each cold process seeds them afresh from the OS
+        if (np_random := sys.modules.get("numpy.random")) is not None:
+            np_random.seed()
         sys.argv = list(request["argv"])
         sys.path[0] = os.path.dirname(sys.argv[0])  # as `python script.py` does
         runpy.run_path(sys.argv[0], run_name="__main__")
@@ -108,6 +114,10 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
     import selectors
     import threading
 
+    Path(f"{path}{STARTING}").write_text(str(os.getpid()))  # stages that come while it imports wait (handoff)
+    # Ctrl-C reaches the whole foreground group, this server included: its stages get it from their own processes
+    # (handoff forwards it), as cold ones would; the server ends with its parent (SIGTERM, or the parent gone)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     before = dict(os.environ)
     for spec in preload:
         module, _, attrs = spec.partition(":")
@@ -124,6 +134,7 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
     if threading.active_count() > 1 or (others := forkcheck.native_threads() - forkcheck.FORK_SAFE_THREADS):
         print(f"scalelab.pipeline.warm: threads {threading.enumerate()} {sorted(others)} run after the imports; not serving "
               "(set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1 for the server)", file=sys.stderr)
+        Path(f"{path}{STARTING}").unlink(missing_ok=True)
         return 1
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))  # ends its children, removes the socket
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -131,6 +142,7 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
     listener.bind(tmp)
     listener.listen(64)
     os.replace(tmp, path)  # clients see the socket only once it accepts
+    Path(f"{path}{STARTING}").unlink(missing_ok=True)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     children: dict[int, tuple[socket.socket, int, str]] = {}  # pid -> (client connection, pidfd, stage name)
@@ -213,7 +225,8 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, parent: int | None = No
 def _reexec(path: str, preload: tuple[str, ...], parent: int | None, env: dict[str, str], listener: socket.socket,
             stale: list[str], served: int) -> None:
     """Become a fresh server (same pid, so `parent` and the flow still know it) that imports the code as it is now.
-    Stages that arrive meanwhile find no socket and run cold."""
+    Stages that arrive meanwhile wait for it, as for a starting server (handoff's STARTING)."""
+    Path(f"{path}{STARTING}").write_text(str(os.getpid()))
     listener.close()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -226,41 +239,64 @@ def _reexec(path: str, preload: tuple[str, ...], parent: int | None, env: dict[s
 
 @contextlib.contextmanager
 def server(cwd: str | os.PathLike, log: Callable[[str], None] = print, env: dict[str, str] | None = None,
-           ready_s: float = 300) -> Iterator[dict[str, str]]:
+           wait: bool = False) -> Iterator[dict[str, str]]:
     """A server for stage processes started from `cwd`, alive while the caller is: yields the environment that points
-    stages at it, once it serves (at most `ready_s` later: a few seconds on idle cores; stages started before it
-    is ready, or after it failed, run cold). It runs with one thread per library, each stage then sets its own share
-    (SCALELAB_THREADS): OpenBLAS would otherwise start a thread pool at import, which a fork does not carry. It
-    imports what a stage run with `env` (default: this process's) would. At the end, `log` gets its report."""
+    stages at it at once, while it imports (a stage that comes meanwhile waits for it: handoff's STARTING); with
+    `wait`, once it serves (at most READY_S later; a failed start yields all the same: its stages run cold). It runs
+    with one thread per library, each stage then sets its own share (SCALELAB_THREADS): OpenBLAS would otherwise
+    start a thread pool at import, which a fork does not carry. It imports what a stage run with `env` (default: this
+    process's) would. At the end, `log` gets its report."""
     import shutil
+    import time
+
+    tmp, proc = start(cwd, env)
+    sock = tmp / "warm.sock"
+    try:
+        deadline = time.monotonic() + READY_S
+        while wait and not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        yield {WARM_ENV: str(sock)}
+    finally:
+        stop(proc)
+        if text := (tmp / "warm.log").read_text().strip():
+            log(text)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def start(cwd: str | os.PathLike, env: dict[str, str] | None = None, threads: int | None = 1,
+          preload: tuple[str, ...] = PRELOAD):
+    """Start a server in a new temporary folder (its socket `warm.sock`, its output `warm.log`) for this process (it
+    ends with it); returns (the folder, the server's Popen). Stages may point at the socket at once (STARTING).
+    `threads`: every library's threads in the server (stages then set their share); None: torch's default, what a
+    cold stage starts with (OpenBLAS's one thread all the same: its pool would start at import)."""
     import subprocess
     import tempfile
-    import time
 
     from scalelab.runtime.placement import thread_env
 
     tmp = Path(tempfile.mkdtemp(prefix="scalelab-warm-"))
-    sock, errors = tmp / "warm.sock", tmp / "warm.log"
-    env = {**(os.environ if env is None else env), **thread_env(1), "OPENBLAS_NUM_THREADS": "1"}
+    sock = tmp / "warm.sock"
+    env = {**(os.environ if env is None else env), **(thread_env(threads) if threads else {}),
+           "OPENBLAS_NUM_THREADS": "1"}
     env.pop(WARM_ENV, None)
-    cmd = [sys.executable, "-m", "scalelab.pipeline.warm", "--socket", str(sock), "--parent", str(os.getpid())]
-    with open(errors, "w") as err:
+    cmd = [sys.executable, "-m", "scalelab.pipeline.warm", "--socket", str(sock), "--parent", str(os.getpid()),
+           *(["--preload", *preload] if preload != PRELOAD else [])]
+    with open(tmp / "warm.log", "w") as err:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
-    deadline = time.monotonic() + ready_s
-    while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    Path(f"{sock}{STARTING}").write_text(str(proc.pid))  # before any stage can look (the server writes it too)
+    return tmp, proc
+
+
+def stop(proc) -> None:
+    """End a server `start` started (its children with it) and wait for it."""
+    import subprocess
+
+    proc.terminate()
     try:
-        yield {WARM_ENV: str(sock)}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if text := errors.read_text().strip():
-            log(text)
-        shutil.rmtree(tmp, ignore_errors=True)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
