@@ -18,7 +18,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 STUDIES = [f for f in sorted(RESULTS.iterdir()) if (f / studies.STUDY).is_file()]
 # a study run in slices and not finished decides nothing: its ledger (if an older grid left one) is not read
 IN_PROGRESS = [f for f in STUDIES if json.loads((f / studies.STUDY).read_text()).get("cells_missing")]
-FOLDERS = [f for f in STUDIES if f not in IN_PROGRESS]
+# a study whose spec decides no claim (a table, hd-cpt-start) has no ledger to regenerate
+FOLDERS = [f for f in STUDIES if f not in IN_PROGRESS and "ledger" in json.loads((f / studies.STUDY).read_text())]
 VERDICTS = {claims.REPRODUCED, claims.CONTRADICTED, claims.INCONCLUSIVE, claims.UNTESTED, "observation"}
 
 

@@ -32,6 +32,7 @@ STUDY_FIELDS = ("name", "profile", "seeds", "commit", "command", "wall_time_s", 
 OPTIONAL_FIELDS = ("generator", "superseded", "headline", "figure")  # the last two: the report's cards
 LEDGER = re.compile(r"(?:[\w.-]+/)*claims_([a-d])\.json")  # the ledger's file name says its method
 DECIDED = (ledger_rules.REPRODUCED, ledger_rules.CONTRADICTED)
+TABLE_ONLY = "a table, no claims (its README)"  # the `problem` of a finished study whose spec names no ledger
 
 
 def read_study(folder: Path) -> dict:
@@ -41,6 +42,10 @@ def read_study(folder: Path) -> dict:
     study |= dict.fromkeys(OPTIONAL_FIELDS)
     try:
         meta = json.loads((folder / STUDY).read_text())
+        if "ledger" not in meta and "spec" in meta:  # its spec decides no claim: the README's tables are its result
+            if missing := [f for f in STUDY_FIELDS if f != "ledger" and f not in meta]:
+                raise ValueError(f"{STUDY} lacks {', '.join(missing)}")
+            return study | {k: meta.get(k) for k in STUDY_FIELDS} | {"problem": TABLE_ONLY}
         if missing := [f for f in STUDY_FIELDS if f not in meta]:
             raise ValueError(f"{STUDY} lacks {', '.join(missing)}")
         if not (m := LEDGER.fullmatch(str(meta["ledger"]))):
