@@ -81,14 +81,19 @@ def port(root: Path, name: str, lock_path: Path, rev: str, source: Path | None =
                             machine=None, origin=f"{origin} (wall_s: the cell's metrics)")
         cells.persist(results, meta, sources)
         counts["ported"] += 1
-    statuses = cells.classify(g, cells.read(results))
-    cells.write_index(results, statuses)
-    ledger.update_study_json(study, root, statuses, ran=False)
-    states = {s: sum(x.state == s for x in statuses) for s in (cells.DONE, cells.STALE, cells.MISSING)}
+    states = _index(study, root, results, g)
     log(f"{name}: {counts['ported']} cells ported to {results.relative_to(root) / cells.CELLS} "
         f"({counts['absent']} absent, {counts['refused']} refused); against today's code: "
         + ", ".join(f"{n} {s}" for s, n in states.items()))
     return counts | states
+
+
+def _index(study, root: Path, results: Path, g) -> dict[str, int]:
+    """The ported cells classified against today's code, indexed and named in study.json; their count per state."""
+    statuses = cells.classify(g, cells.read(results))
+    cells.write_index(results, statuses)
+    ledger.update_study_json(study, root, statuses, ran=False)
+    return {s: sum(x.state == s for x in statuses) for s in (cells.DONE, cells.STALE, cells.MISSING)}
 
 
 def port_run(root: Path, name: str, ran_with: Path, rev: str, source: Path | None = None, log=print) -> dict:
@@ -132,10 +137,7 @@ def port_run(root: Path, name: str, ran_with: Path, rev: str, source: Path | Non
                                    "in that commit's tree; wall_s: the whole run's, its cells side by side)")
         cells.persist(results, meta, sources)
         counts["ported"] += 1
-    statuses = cells.classify(g, cells.read(results))
-    cells.write_index(results, statuses)
-    ledger.update_study_json(study, root, statuses, ran=False)
-    states = {s: sum(x.state == s for x in statuses) for s in (cells.DONE, cells.STALE, cells.MISSING)}
+    states = _index(study, root, results, g)
     log(f"{name}: {counts['ported']} cells ported to {results.relative_to(root) / cells.CELLS} "
         f"({counts['refused']} refused); against today's code: " + ", ".join(f"{n} {s}" for s, n in states.items()))
     return counts | states
