@@ -1,5 +1,6 @@
 """SigmaScale and its SVD baselines (METHODS §D) on tiny random Llama and Qwen3 models built from configs."""
 
+import json
 import math
 from pathlib import Path
 
@@ -764,6 +765,33 @@ def test_a_sigmascale_that_cannot_reach_its_plateau_is_a_smoke_run_in_no_claim()
     counted = {k: int(v.split(" of ")[1].split()[0]) for k, v in moved.items()}
     own = sum(r["rank"] is not None for (m, _, _), recs in layers.items() if m == "sigmascale" for r in recs)
     assert own > 0 and counted["full"] - counted["smoke"] == own  # its layers left the pooled correlation too
+
+
+def test_a_smoke_sigmascale_runs_at_the_first_seed_only_and_the_summary_reads_its_grid_without_the_rest(tmp_path):
+    """A smoke run decides nothing, so its second and third seeds would buy nothing: `runs_at` keeps it to the
+    grid's first seed, and the summary reads such a grid whole while a decided method's missing seed stays an error."""
+    from scalelab.compress import summary
+    from scalelab.data import DataError
+
+    cells, layers, cfg = _study()
+    smoke_cfg = cfg.model_copy(update={"sigmascale": SigmaScaleConfig(max_steps=2, patience=50)})
+    assert [s for s in (0, 1, 2) if smoke_cfg.runs_at("sigmascale", s)] == [0]
+    assert all(cfg.runs_at("sigmascale", s) and smoke_cfg.runs_at("svd", s) for s in (0, 1, 2))
+
+    def write(keep):
+        for seed in (0, 1, 2):
+            mine = [{**c, "cell": cfg.cell(c["method"], str(c["keep"]), seed)} for c in cells
+                    if c["seed"] == seed and keep(c["method"], seed)]
+            for folder, body in (("metrics", {"cells": mine}),
+                                 ("plots", {c["cell"]: layers[c["method"], 0.5, seed] for c in mine})):
+                (tmp_path / folder / "compress").mkdir(parents=True, exist_ok=True)
+                (tmp_path / folder / "compress" / f"seed-{seed}.json").write_text(json.dumps(body))
+
+    write(lambda method, seed: smoke_cfg.runs_at(method, seed))
+    read, maps = summary.load(tmp_path, smoke_cfg)
+    assert len(read) == len(cells) - 2 and {k for k in maps if k[0] == "sigmascale"} == {("sigmascale", 0.5, 0)}
+    with pytest.raises(DataError, match=r"missing from their seed's metrics: \['sigmascale-0.5-1', 'sigmascale-0.5-2'\]"):
+        summary.load(tmp_path, cfg)  # the same files, read as a SigmaScale that decides: its seeds are missing
 
 
 def test_the_headline_is_sigmascale_with_its_allocation_against_svd_llm_as_published():

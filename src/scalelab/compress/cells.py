@@ -124,7 +124,8 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
                                 seed=seed)
     val = val_batches(data.val, seq_len=ev.seq_len, val_tokens=ev.val_tokens or available, batch_size=ev.batch_size)
     dense = measured(model, val)
-    dense_calib_nll, dense_params = mean_nll(model, calib), num_params(model)
+    dense_calib_nll = mean_nll(model, calib) if ev.calib_nll else None
+    dense_params = num_params(model)
     dense_linear = sum(model.get_submodule(n).weight.numel() for b in decoder_linears(model) for n in b)
     log.info("seed %d: dense ppl %.3f on %d tokens, %.0f tokens/s", seed, math.exp(dense["val_nll"]),
              sum(y.numel() for _, y in val), dense["tokens_per_s"])
@@ -136,7 +137,7 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
         shared = Calibration(model, calib, blocks_per_pass=cal.blocks_per_pass, fisher="fwsvd" in kinds, spill=spill)
         log.info("seed %d: calibrated on %d tokens in %.1f s", seed, cal.samples * cal.seq_len, shared.seconds)
         results = []
-        for method in cfg.grid.methods:
+        for method in (m for m in cfg.grid.methods if cfg.runs_at(m, seed)):
             spec = cfg.methods[method]
             for keep in cfg.grid.keep:
                 name = cfg.cell(method, str(keep), seed)
@@ -167,8 +168,9 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
                     "cell": name, "method": method, "kind": spec.kind, "keep": keep, "seed": seed, "source": location,
                     "allocation": spec.allocation or cfg.allocation.kind,
                     "val_nll": after["val_nll"], "ppl": math.exp(after["val_nll"]), "val_nll_dense": dense["val_nll"],
-                    "ppl_dense": math.exp(dense["val_nll"]), "calib_nll": mean_nll(student, calib),
-                    "calib_nll_dense": dense_calib_nll, "params": num_params(student), "params_dense": dense_params,
+                    "ppl_dense": math.exp(dense["val_nll"]),
+                    "calib_nll": mean_nll(student, calib) if ev.calib_nll else None, "calib_nll_dense": dense_calib_nll,
+                    "params": num_params(student), "params_dense": dense_params,
                     "linear_weights_kept": kept / dense_linear,
                     # geometric mean over compressed layers of loss / SVD-LLM's optimum (1 = optimal layer-wise)
                     "loss_rel_svd_llm": math.exp(sum(map(math.log, rel)) / len(rel)) if rel else None,

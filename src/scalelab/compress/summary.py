@@ -34,7 +34,8 @@ def load(root: Path, cfg: CompressConfig, metrics: Mapping[str, Path] | None = N
     if missing := [str(f) for f in files.values() if not f.is_file()]:
         raise DataError(f"compress seeds not run yet: {missing} (run the compress stage)")
     by_name = {c["cell"]: c for f in files.values() for c in json.loads(f.read_text())["cells"]}
-    names = {(m, float(k), s): cfg.cell(m, str(k), s) for m in grid.methods for k in grid.keep for s in grid.seeds}
+    names = {(m, float(k), s): cfg.cell(m, str(k), s) for m in grid.methods for k in grid.keep for s in grid.seeds
+             if cfg.runs_at(m, s)}
     if missing := [n for n in names.values() if n not in by_name]:
         raise DataError(f"compress cells missing from their seed's metrics: {missing} (rerun the compress stage)")
     plots = {s: json.loads(Path(plots.get(f"seed-{s}.json", root / "plots/compress" / f"seed-{s}.json")).read_text())

@@ -122,6 +122,9 @@ class EvalConfig(Strict):
     val_tokens: PosInt | None = 8192  # None: the whole split
     batch_size: PosInt = 16
     hub: HubSplit | None = None
+    # NLL on the calibration windows too, beside the validation windows' (how far a method fits its calibration
+    # rather than the text): one more forward pass per cell, so a study's diagnostic, off in the default DAG
+    calib_nll: bool = True
 
 
 class CompressGrid(Strict):
@@ -179,6 +182,11 @@ class CompressConfig(Strict):
         if s.max_steps > 2 * s.patience:
             return set()
         return {m for m in self.grid.methods if self.methods[m].kind == "sigmascale"}
+
+    def runs_at(self, method: str, seed: int) -> bool:
+        """Whether `method`'s cells run at calibration seed `seed`: a smoke method (`smoke`) decides nothing, so a
+        second seed would buy no interval; it runs at the grid's first seed only (SmolLM2: about a minute of a core)."""
+        return method not in self.smoke() or seed == self.grid.seeds[0]
 
     def cell(self, method: str, keep: str, seed: int) -> str:
         """The name of one matrix cell (its folder and metrics file): `<method>-<keep>-<seed>`, with `keep` spelled
