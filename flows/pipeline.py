@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         ap.error("--workers must be at least 1")
+    if missing := runners.missing_extra(args.runner):
+        ap.error(missing)
     # SIGTERM ends this process as Ctrl-C does, through Python's exit path: Prefect's flow engine re-raises a SIGTERM
     # to the handler it found after stopping the flow, and under the default one the process died by the signal,
     # skipping the atexit hook that stops the temporary Prefect server (found alive 50 minutes later). The

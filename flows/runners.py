@@ -12,6 +12,7 @@ Cluster workers share the workspace (a shared filesystem, the same path), the Pr
 the flow's process.
 """
 
+import importlib.util
 import logging
 import os
 from contextlib import nullcontext
@@ -48,6 +49,18 @@ def shared_api_url() -> str:
         url = server.api_url
     os.environ["PREFECT_API_URL"] = url
     return url
+
+
+EXTRA = {"dask": ("prefect_dask", "dask_jobqueue"), "slurm": ("prefect_dask", "dask_jobqueue"),
+         "ray": ("prefect_ray", "ray")}  # the modules each cluster runner needs: the `cluster` extra
+
+
+def missing_extra(kind: str) -> str | None:
+    """One line saying what to install when `kind`'s modules are absent (`make setup` installs the pipeline alone;
+    `make test` or `pip install -e '.[cluster]'` adds them), else None."""
+    if absent := [m for m in EXTRA.get(kind, ()) if importlib.util.find_spec(m) is None]:
+        return f"--runner {kind} needs {', '.join(absent)}: pip install -e '.[cluster]' (or make test, which installs it)"
+    return None
 
 
 def task_runner(kind: str = "threads", workers: int | None = None, address: str | None = None):

@@ -102,3 +102,17 @@ def _(monkeypatch):  # a cluster of one worker: the cells run one after the othe
 @pytest.mark.mutation
 def test_the_grid_test_catches_cells_run_one_at_a_time():
     assert_caught("tests/test_runners.py::test_micro_grid_on_each_runner[dask]", "runner-one-worker")
+
+
+def test_a_cluster_runner_without_its_extra_is_refused_in_one_line_before_any_flow(monkeypatch, capsys):
+    """`make setup` installs the pipeline alone: `--runner ray` or `dask` without the `cluster` extra stops at the
+    argument check, naming the missing modules and the install, instead of a traceback from inside the flow."""
+    runners = flow_mod.runners
+    monkeypatch.setitem(runners.EXTRA, "ray", ("prefect_ray", "scalelab_no_such_module"))
+    monkeypatch.setattr(flow_mod, "pipeline", None)  # reaching the flow would fail differently
+    with pytest.raises(SystemExit) as exit_:
+        flow_mod.main(["--runner", "ray"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and err.endswith(
+        "--runner ray needs scalelab_no_such_module: pip install -e '.[cluster]' (or make test, which installs it)")
+    assert runners.missing_extra("dask") is None and runners.missing_extra("threads") is None  # installed here
