@@ -327,6 +327,30 @@ def test_compressed_model_has_exactly_the_factor_weights(compressed):
     assert all(isinstance(model.get_submodule(r.name), LowRankLinear) for r in records)
 
 
+def test_a_method_on_its_first_blocks_leaves_the_rest_dense_and_is_a_smoke_run():
+    """`blocks: 1` compresses block 0's maps exactly as the whole-model run does and leaves every later map the dense
+    one, so its model is not the method's compression at ρ: a smoke run, in no claim, whatever its steps."""
+    base = tiny("llama")
+    whole, _ = compress_model(copy_of(base), batches(), MethodConfig(kind="sigmascale"), 0.5, sigma_cfg=FAST_SIGMA)
+    model = copy_of(base)
+    part, _ = compress_model(model, batches(), MethodConfig(kind="sigmascale", blocks=1), 0.5, sigma_cfg=FAST_SIGMA)
+    first = [r for r in part if r.name.startswith("model.layers.0.")]
+    assert first and all(r.rank is not None for r in first)
+    assert all(r.rank is None for r in part if r not in first) and len(part) > len(first)
+    assert [(r.rank, r.loss) for r in first] == [(r.rank, r.loss) for r in whole if r.name.startswith("model.layers.0.")]
+    dense = dict(base.named_parameters())
+    for r in part:
+        layer = model.get_submodule(r.name)
+        if r.rank is None:
+            assert isinstance(layer, torch.nn.Linear) and torch.equal(layer.weight, dense[r.name + ".weight"])
+        else:
+            assert isinstance(layer, LowRankLinear)
+    _, _, cfg = _study()
+    converged = cfg.model_copy(update={"methods": {**cfg.methods, "sigmascale": MethodConfig(kind="sigmascale",
+                                                                                               blocks=1)}})
+    assert cfg.smoke() == set() and converged.smoke() == {"sigmascale"}
+
+
 def test_sensitivity_allocation_meets_the_budget_and_favours_sensitive_layers():
     shapes = {"a": (32, 32), "b": (32, 32)}
     sens = {"a": {0.25: 9.0, 0.5: 5.0, 0.75: 3.1, 1.0: 3.0},  # a hurts when truncated

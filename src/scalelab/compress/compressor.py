@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from scalelab.compress import keys, methods, rank
-from scalelab.compress.calibrate import Batch, Stats, eta
+from scalelab.compress.calibrate import Batch, Stats, decoder_linears, eta
 from scalelab.compress.erank import effective_rank, participation_ratio
 from scalelab.compress.lowrank import apply_factors
 from scalelab.compress.refine import refine
@@ -155,6 +155,9 @@ def compress_model(model: nn.Module, calib: Calibration | Sequence[Batch], metho
                                   refine_cfg=refine_cfg, seed=seed, ranks=ranks, store=store, log_line=log_line)
     say = log_line or log.info
     ranks = ranks if ranks is not None else allocate(model, calib, keep, allocation, method.allocation, store)
+    if method.blocks is not None:  # a smoke run: the blocks past the first `blocks` stay dense
+        kept = {n for block in decoder_linears(model)[: method.blocks] for n in block}
+        ranks = {name: k if name in kept else None for name, k in ranks.items()}
     if method.kind == "fwsvd" and not calib.fisher:
         raise ValueError("fwsvd needs the calibration's Fisher rows (Calibration(..., fisher=True))")
     dev = next(model.parameters()).device

@@ -34,6 +34,9 @@ class MethodConfig(Strict):
     allocation: Literal["uniform", "sensitivity"] | None = None
     # beyond the paper: after compression, fit the factors end to end to the uncompressed model on calibration data
     refine: Literal["none", "logits", "blocks"] = "none"
+    # the first `blocks` decoder blocks compressed, the rest left dense: a smoke test of the method's code path on the
+    # real model at a fraction of its cost, in no claim (CompressConfig.smoke); None: every block
+    blocks: PosInt | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "MethodConfig":
@@ -177,11 +180,12 @@ class CompressConfig(Strict):
         """The grid's SigmaScale methods that cannot reach their plateau by construction: the official rule needs
         more than 2·patience steps (sigmascale.plateaued), and a cap at or below that stops every map first. Such a
         run can never meet the premise "SigmaScale converged", so it is a smoke test of the code path on the model:
-        measured and reported, left out of the ledger (compress/ledger.py)."""
+        measured and reported, left out of the ledger (compress/ledger.py). So is a method that compresses only its
+        first blocks (`blocks`): its model is not the method's compression at the kept fraction."""
         s = self.sigmascale
-        if s.max_steps > 2 * s.patience:
-            return set()
-        return {m for m in self.grid.methods if self.methods[m].kind == "sigmascale"}
+        capped = s.max_steps <= 2 * s.patience
+        return {m for m in self.grid.methods if self.methods[m].blocks is not None
+                or (capped and self.methods[m].kind == "sigmascale")}
 
     def runs_at(self, method: str, seed: int) -> bool:
         """Whether `method`'s cells run at calibration seed `seed`: a smoke method (`smoke`) decides nothing, so a
