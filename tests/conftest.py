@@ -124,9 +124,11 @@ def no_process_left_behind():
 # The files that take longest (their summed --durations on the idle 2-core machine), longest first: with
 # --no-loadscope-reorder (pyproject) xdist's loadfile hands files to the two workers in this order, so no long file
 # starts late and runs alone at the end (LPT scheduling; xdist's own order, by number of tests, put them last).
-LONGEST_FIRST = ("test_pipeline.py", "test_crash.py", "test_flow.py", "test_experiments.py", "test_runstate.py",
-                 "test_runners.py", "test_teamserver.py", "test_ui.py", "test_hardening.py", "test_bad_params.py",
-                 "test_remote.py", "test_rehearsal.py")
+# By the per-file seconds the suite prints (pytest_terminal_summary below); test_study.py (its kill-mid-cell test
+# alone ~146 s on CI) had been left out, so it started among the last files.
+LONGEST_FIRST = ("test_pipeline.py", "test_crash.py", "test_experiments.py", "test_study.py", "test_runners.py",
+                 "test_flow.py", "test_runstate.py", "test_teamserver.py", "test_ui.py", "test_rehearsal.py",
+                 "test_hardening.py", "test_bad_params.py", "test_remote.py", "test_warm.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -140,6 +142,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each test file's seconds (setup, call and teardown of its tests), gathered where the reports arrive (xdist's
+    controller): the per-file table below, which LONGEST_FIRST is ordered by."""
+    FILE_SECONDS[report.nodeid.split("::")[0]] = FILE_SECONDS.get(report.nodeid.split("::")[0], 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not FILE_SECONDS or len(FILE_SECONDS) < 2:
+        return
+    total = sum(FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"seconds per test file (all workers: {total:.0f} s)")
+    for path, seconds in sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        if seconds >= 0.01 * total:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
 
 
 @pytest.fixture(autouse=True, scope="session")
