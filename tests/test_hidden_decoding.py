@@ -831,6 +831,28 @@ def test_a_continued_pretraining_waits_for_the_step0_gap(tmp_path):
     assert entry["verdict"] == "reproduced" and entry["premises"][0]["passed"]
 
 
+def test_a_gated_continued_pretraining_is_decided_only_once_its_gates_opened():
+    """Under the gated start n = 2 begins level with n = 1, so recovery holds at once; the comparison tests the method
+    only where the gates opened (mean α ≥ GATE_OPEN in every seed): a nearly closed gate, or none logged, is untested
+    on the same final numbers that decide the claim once the gate is open."""
+    from scalelab.analysis import hidden_decoding as hdr
+
+    cfg = HiddenDecodingConfig(positions="shared", cells={"n1": {}, "n2": {"n_streams": 2, "start": "gated"}},
+                               grid=["n1", "n2"], seeds=[0, 1, 2])
+    end = {"n1": [3.46, 3.47, 3.45], "n2": [3.26, 3.28, 3.27]}
+
+    def verdict(gates):
+        cells = {c: {s: {"val_loss": v, "params": 100, "tokens": 2048, "steps": 16,
+                         **({"gate_mean": gates[s]} if c == "n2" and gates is not None else {})}
+                     for s, v in enumerate(vs)} for c, vs in end.items()}
+        curves = {c: {s: [(0.0, 3.9), (2048.0, v)] for s, v in enumerate(vs)} for c, vs in end.items()}
+        return hdr.claims(hdr.comparisons(cells, cfg), hdr.Setting(cfg, cells, curves=curves), 0.8)[0]["verdict"]
+
+    assert verdict([0.9, 0.7, 0.6]) == "reproduced"
+    assert verdict([0.9, 0.7, 0.02]) == "untested (n2's gates opened: α 0.02 (lowest seed))"
+    assert verdict(None) == "untested (n2's gates opened: not logged)"
+
+
 def test_the_study_ledgers_are_rederived_and_its_readme_current():
     """Every part's claims.json and the study's ledger are what today's code derives from the committed metrics,
     every entry untested with its premise, and the study README's generated blocks are current with no typed
@@ -872,9 +894,14 @@ def test_the_gated_start_is_the_backbone_at_step0_and_then_opens(make, n, mixing
     assert len(model.mix_gates) == len(model.mixing_layers) > 0
     model(x, x).loss.backward()
     assert all(float(g.grad.abs()) > 0 for g in model.mix_gates)
+    from scalelab.train.hidden_decoding import gate_mean
+
+    assert gate_mean(model) == 0.0
     with torch.no_grad():
-        for g in model.mix_gates:
-            g.fill_(0.5)
+        for i, g in enumerate(model.mix_gates):
+            g.fill_(0.5 if i == 0 else 0.25)
+    assert gate_mean(model) == pytest.approx(0.5 if len(model.mix_gates) == 1 else
+                                             (0.5 + 0.25 * (len(model.mix_gates) - 1)) / len(model.mix_gates))
     assert (model(x).logits - ref).abs().max() > 1e-3
     cache = StreamCache(9)
     cached = torch.cat([model.step(x[:, :4], cache), model.step(x[:, 4:], cache)], dim=1)

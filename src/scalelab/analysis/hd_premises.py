@@ -11,7 +11,8 @@ Three kinds of run, three sets of premises:
   `parity_premises`);
 - a **continued pretraining**: under the open start n > 1 does not start where n = 1 does (its mixing layers read the
   hidden streams from the first step), so a comparison is only read once n > 1 has recovered
-  that step-0 gap (`recovered`, from the gap's curve over training or over budgets).
+  that step-0 gap (`recovered`, from the gap's curve over training or over budgets); under the gated start it does,
+  and the comparison tests the method only once its gates have opened (`gate_opened`).
 Claim-specific: a growth or SFA claim is testable only where the gain it is measured against is there (`shown`), and
 separate tables only act once they have moved apart (`tables_diverged`).
 """
@@ -27,6 +28,9 @@ from scalelab.analysis.window_floor import Floors
 LEARNS, ROOM = 0.1, 0.9  # n = 1 closes at least this / at most this of the sum-blind -> floor gap
 SOLVED = 0.99  # answer accuracy at which a parity probe's cell solves its K
 SHRINK = 0.1  # a gap that shrank by less than this fraction between the last two points has stopped recovering
+# A gated start (scalelab.model.hidden_decoding_gate) is the backbone at α = 0 and the method's mixing at α = 1: its
+# cell tests Hidden Decoding once the gates are at least half open, else it compares n = 1 with itself, nearly
+GATE_OPEN = 0.5
 
 # The paper's regime (continued pretraining of an 8B backbone, the tokens by n), beside every entry's own.
 PAPER_PARAMS = 8e9
@@ -123,6 +127,17 @@ def recovered(cell: str, points: GapCurve) -> dict:
     shrink = (before - last) / before if before > 0 else 0.0
     value = f"gap {before:+.4f} at {t0:.0f} → {last:+.4f} at {t1:.0f} tokens ({shrink:.0%} shrink)"
     return ledger.premise(name, value, shrink < SHRINK, need)
+
+
+def gate_opened(cell: str, rows: Sequence[Mapping]) -> dict:
+    """The treatment acted in a gated cell: its gates' mean α (`gate_mean` in the cell's metrics) at least GATE_OPEN
+    in every seed."""
+    name, need = f"{cell}'s gates opened", (f"the mean gate α of {cell}'s mixing layers at least {GATE_OPEN:g} in every "
+                                            "seed (0: the backbone's function, 1: the method's mixing)")
+    values = [m.get("gate_mean") for m in rows]
+    if not values or any(v is None for v in values):
+        return ledger.premise(name, "not logged", False, need)
+    return ledger.premise(name, f"α {min(values):.3g} (lowest seed)", min(values) >= GATE_OPEN, need)
 
 
 def tables_diverged(rows: Sequence[Mapping]) -> dict:

@@ -132,6 +132,8 @@ class Setting:
             curves = self.curves or {}
             out = [hdp.recovered(c, hdp.gap_curve(curves.get(c, {}), curves.get(base1, {})) if base1 else [])
                    for c in dict.fromkeys(cells)]
+        out += [hdp.gate_opened(c, list(self.cells.get(c, {}).values())) for c in dict.fromkeys(cells)
+                if self.hd.cells[c].start == "gated"]
         if kind == "tables":
             sep = [r["base"][n] for role, n in treated if role == "base" and n in r["base"]]
             out.append(hdp.tables_diverged(list(self.cells.get(sep[0], {}).values()) if sep else []))

@@ -162,6 +162,15 @@ def table_spread(model: HiddenDecodingLM) -> float | None:
     return statistics.fmean(float((t.weight.float() - e1).norm() / e1.norm()) for t in model.extra_embeds)
 
 
+@torch.no_grad()
+def gate_mean(model: HiddenDecodingLM) -> float | None:
+    """Mean over the mixing layers of a gated start's α (scalelab.model.hidden_decoding_gate): 0 is the backbone's
+    function, 1 the method's mixing; None without gates (an open start, n = 1)."""
+    if not len(model.mix_gates):
+        return None
+    return statistics.fmean(float(g) for g in model.mix_gates)
+
+
 class StartValidation(Callback):
     """The validation loss before the first step as the curve's step-0 row, logged with the others: how far the
     cell starts from its backbone. A resumed run's curve holds it already (the curve is in the checkpoint)."""
@@ -249,6 +258,7 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
         "steps": lit.step, "tokens": lit.step * tokens_per_step, "flops": fpt * lit.step * tokens_per_step,
         "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time if step_time else None,
         "peak_mem_mb": _peak_mem_mb(device), "table_spread_start": spread_start, "table_spread": table_spread(model),
+        "gate_mean": gate_mean(model),
         **(probe.answer_metrics(model, task, shards, tc) if task is not None else {}),
         "wall_s": time.perf_counter() - start_time,
     }
