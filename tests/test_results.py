@@ -109,6 +109,9 @@ def test_every_decay_claim_is_decided_only_where_the_decay_moved_gamma_near_the_
     assert dose["regime"]["steps"] == 80 and dose["regime"]["params"] == led["base.none_hurts@xs"]["regime"]["params"]
 
 
+COMMITS = r"[0-9a-f]{7,40}(, [0-9a-f]{7,40})*"  # a study resumed over several commits names each of its cells' commits
+
+
 def test_every_committed_study_meets_the_study_contract():
     """A study folder with a study.json is read whole by the report (docs/workflow.md "Committed studies"): its
     fields, its ledger in the claims format, seeds as a list, the method's letter in the ledger's name. Folders still
@@ -122,11 +125,11 @@ def test_every_committed_study_meets_the_study_contract():
             assert s["entries"] is None and s["problem"].startswith("in progress: "), folder.name
             continue
         if s["problem"] == studies.TABLE_ONLY:  # finished, its spec names no ledger: the README's tables
-            assert s["seeds"] and re.fullmatch(r"[0-9a-f]{7,40}", s["commit"]), folder.name
+            assert s["seeds"] and re.fullmatch(COMMITS, s["commit"]), folder.name
             continue
         assert s["problem"] is None, f"{folder.name}: {s['problem']}"
         assert s["name"] == folder.name and isinstance(s["seeds"], list) and s["entries"], folder.name
-        assert isinstance(s["wall_time_s"], (int, float)) and re.fullmatch(r"[0-9a-f]{7,40}", s["commit"]), folder.name
+        assert isinstance(s["wall_time_s"], (int, float)) and re.fullmatch(COMMITS, s["commit"]), folder.name
     for folder in (STUDY, DOSE):  # the scale-vector studies name the function that re-derives their ledger
         module, _, name = json.loads((folder / studies.STUDY).read_text())["generator"].partition(":")
         assert getattr(importlib.import_module(module), name) in (claims_a.cpu_study, dose_a.gamma_wd_dose)
