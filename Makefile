@@ -24,8 +24,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# uv does the installs (tools/install.py: pip's resolution, with pip's indexes and constraints, ~17 s for the
-	# pipeline's dependencies against pip's ~85 s); where no registry serves uv, pip does them.
+	# uv does the installs (tools/install.py: pip's resolution, with pip's indexes and constraints, ~35 s for the
+	# pipeline's dependencies, bytecode compiled, against pip's ~85 s); where no registry serves uv, pip does them.
 	$(BIN)/python -m pip install -q uv==0.13.9 || echo "uv not installable: pip installs (slower)"
 	# torch is pinned in pyproject (the CPU wheel on this machine kind; CUDA wheels on GPU nodes).
 	# The pipeline's own dependencies only: the tests' (pytest, selenium, the Ray and Dask runners: ~25 s of install)
