@@ -10,6 +10,8 @@ from dvc.utils.serialize import _yaml
 
 from scalelab.pipeline import dvcrun
 
+DVC_DUMP = _yaml._dump  # DVC's own dumper, as collected (before any test patches it)
+
 LOCK_DATA = {"schema": "2.0", "stages": {
     "pretrain@standard-xs-0": {
         "cmd": "python stages/pretrain.py --variant standard --size xs --recipe base --seed 0 --and a long tail",
@@ -93,3 +95,30 @@ def test_a_write_cut_short_leaves_the_old_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert json.loads((tmp_path / "rwlock").read_text()) == {"read": {}, "write": {}}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+
+def test_the_splice_writes_what_the_whole_dump_writes():
+    """scalelab.pipeline.lockfile on the committed dvc.lock (86 stages, folded command lines): a stage changed in the
+    middle, one added, one removed, none changed: each splice equals DVC's whole dump byte for byte; a change outside
+    the stages is not spliced."""
+    import copy
+    import json
+
+    from scalelab.pipeline import lockfile
+
+    text = (Path(__file__).resolve().parents[1] / "dvc.lock").read_text()
+    old = _yaml.parse_yaml(text, "dvc.lock")
+    names = list(old["stages"])
+    assert len(names) > 10 and lockfile.stage_blocks(text) is not None
+    changed, added, removed = (copy.deepcopy(old) for _ in range(3))
+    mid = names[len(names) // 2]
+    changed["stages"][mid]["cmd"] += " --and a tail long enough that the emitter folds the line"
+    changed["stages"][mid]["outs"][0]["md5"] = "0" * 32
+    added["stages"]["pretrain@new-0"] = copy.deepcopy(old["stages"][mid]) | {"cmd": "python stages/x.py --seed 0"}
+    del removed["stages"][names[1]]
+    for new in (copy.deepcopy(old), changed, added, removed):
+        expected = io.StringIO()
+        DVC_DUMP(new, expected)
+        assert lockfile.splice(text, json.loads(json.dumps(old)), new, DVC_DUMP) == expected.getvalue()
+    assert lockfile.splice(text, old, changed | {"schema": "3.0"}, DVC_DUMP) is None

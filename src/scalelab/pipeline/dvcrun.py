@@ -19,8 +19,11 @@ every stage's record. A rename is atomic: a kill leaves the old file or the new 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+
+from scalelab.pipeline import lockfile
 
 LOCKFILE = "dvc.lock"
 
@@ -73,15 +76,27 @@ def patch() -> None:
     if getattr(_yaml, "_dump_data", None) is dump_data:
         _yaml._dump_data = whole_dump_data
     rwlock._edit_rwlock = lambda lock_dir, fs, hardlink: edit_rwlock(lock_dir, WholeFiles(fs), hardlink)
-    round_trip = _yaml.parse_yaml_for_update
+    round_trip, dump = _yaml.parse_yaml_for_update, _yaml._dump
+    read: dict[int, tuple[str, dict]] = {}  # id(the data handed to DVC) -> (the text, a copy of the data as read)
 
     def parse_for_update(text, path):
         if os.path.basename(os.fspath(path)) == LOCKFILE:
-            return _yaml.parse_yaml(text, path)  # typ="safe": plain dicts, what DVC's dumper writes back unchanged
+            data = _yaml.parse_yaml(text, path)  # typ="safe": plain dicts, what DVC's dumper writes back unchanged
+            if isinstance(data, dict):
+                read.clear()
+                read[id(data)] = (text, json.loads(json.dumps(data)))  # plain data: a deep copy at C speed
+            return data
         return round_trip(text, path)
 
+    def splice_dump(data, stream):
+        """dvc.lock read above and updated by DVC: its unchanged stages keep their bytes (scalelab.pipeline.lockfile)."""
+        text, old = read.pop(id(data), (None, None))
+        spliced = lockfile.splice(text, old, data, dump) if text is not None and isinstance(data, dict) else None
+        return stream.write(spliced) if spliced is not None else dump(data, stream)
+
     parse_for_update.scalelab = True
-    _yaml.parse_yaml_for_update = parse_for_update  # modify_yaml looks it up at call time
+    _yaml.parse_yaml_for_update = parse_for_update  # modify_yaml looks both up at call time
+    _yaml._dump = splice_dump
 
 
 def main(argv: list[str] | None = None) -> int:
