@@ -4,6 +4,7 @@ copy under .dvc/tmp/exps that DVC deletes), each under a parent run of its own p
 metrics. The environment is a user's shell: no SCALELAB_ROOT, no MLFLOW_TRACKING_URI; scalelab resolves both."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,12 +31,22 @@ def _run(cmd, cwd, env):
     return res.stdout
 
 
-def _queue_drained(ws, env, timeout=600.0):
+def _exp_refs(ws, env) -> int:
+    """How many experiments DVC has saved (a ref under refs/exps each): a git call of milliseconds, where a
+    `dvc queue status` costs about a CPU second, and the queue's two runs take minutes."""
+    return len(_run(["git", "for-each-ref", "refs/exps"], ws, env).splitlines())
+
+
+def _queue_drained(ws, env, saved, timeout=600.0):
     """Wait until both queued experiments ended, then stop DVC's workers and wait until they are gone (an idle one
-    is meant to exit 10 s after the queue empties, but under load one was seen idle for minutes)."""
-    deadline, stopped = time.monotonic() + timeout, False
+    is meant to exit 10 s after the queue empties, but under load one was seen idle for minutes). `dvc queue status`
+    is asked every 2 s once `saved` experiments have their refs (a failed one has none: then every 15 s)."""
+    deadline, stopped, asked = time.monotonic() + timeout, False, -math.inf
     while time.monotonic() < deadline:
-        out = _run(DVC + ["queue", "status"], ws, env)
+        if not (stopped or _exp_refs(ws, env) >= saved) and time.monotonic() - asked < 15:
+            time.sleep(0.5)
+            continue
+        asked, out = time.monotonic(), _run(DVC + ["queue", "status"], ws, env)
         if "0 active, 0 idle" in out and not any(s in out for s in ("Queued", "Running")):
             return out
         if not stopped and out.count("Success") + out.count("Failed") == 2:
@@ -63,7 +74,7 @@ def experiments(tmp_path_factory):
         _run(exp + ["--queue", "-n", name, "-S", f"pretrain.max_steps={STEPS[name]}"], ws, env)
     _run(DVC + ["queue", "start", "-j", "2"], ws, env)
     _run(exp + ["--temp", "-n", "tmp-exp", "-S", f"pretrain.max_steps={STEPS['tmp-exp']}"], ws, env)
-    status = _queue_drained(ws, env)
+    status = _queue_drained(ws, env, saved=len(STEPS))  # ws-exp and tmp-exp saved already, the queue's two to come
     assert status.count("Success") == 2, status
     return ws, env, baseline
 

@@ -627,8 +627,11 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
                "n4full": {"n_streams": 4, "attention": "full"}, "n4tied": {"n_streams": 4, "tables": "tied"},
                "c2": {"flops_of": {"n_streams": 2}}, "c4": {"flops_of": {"n_streams": 4}}},
         grid=["n1", "n2", "n4", "n4full", "n4tied", "c2", "c4"], seeds=[0, 1, 2])
-    assert hdr.roles(cfg) == {"base": {1: "n1", 2: "n2", 4: "n4"}, "warm": {}, "full": {4: "n4full"},
+    assert hdr.roles(cfg) == {"base": {1: "n1", 2: "n2", 4: "n4"}, "warm": {}, "own_lr": {}, "full": {4: "n4full"},
                               "control": {2: "c2", 4: "c4"}, "tied": {4: "n4tied"}}
+    own = HiddenDecodingConfig(cells={"n1": {}, "n2lr": {"n_streams": 2, "table_lr": 1e-3}, "n2": {"n_streams": 2}},
+                               grid=["n1", "n2lr", "n2"])  # an arm at its own rates is never the base arm
+    assert hdr.roles(own)["own_lr"] == {2: "n2lr"} and hdr.roles(own)["base"] == {1: "n1", 2: "n2"}
     # n = 2 helps by 0.10 and n = 4 by 0.05 at equal tokens; at equal FLOPs the controls close most of it, and
     # n = 4 falls behind its control; full attention gains 0.051, SFA keeps 98% of it; tied tables lose 0.04.
     # Seed offsets cancel in the pairing.
@@ -1129,6 +1132,47 @@ def test_a_table_warmup_trains_only_what_hidden_decoding_adds(tmp_path):
     with pytest.raises(ValueError, match="one stream adds no table"):
         HiddenDecodingConfig(cells={"n1": {"table_warmup": 2}}, grid=["n1"])
 
+
+
+def test_tables_and_gates_train_at_their_own_rates_and_a_higher_one_opens_the_gates(tmp_path):
+    """`table_lr`, `gate_lr`: the extra table and a gated start's gates sit in groups of their own at those base LRs,
+    with their kinds' decay, every other parameter at the optimizer's; in the same 6 steps a gate rate 100x the
+    backbone's opens the gates far more than the backbone's rate does (the dose a CPT study of the gates needs)."""
+    from scalelab.config import ScaleConfig
+    from scalelab.optim import build_optimizers, own_lrs
+    from scalelab.train.hidden_decoding import fit_cell, gate_mean
+
+    llama(layers=2).save_pretrained(tmp_path / "llama")
+    _write_shards(tmp_path / "tokens")
+
+    def config(**cell):
+        return HiddenDecodingConfig(
+            source={"path": str(tmp_path / "llama")}, source_dep=str(tmp_path / "llama"), positions="shared",
+            cells={"n2": {"n_streams": 2, "start": "gated", **cell}}, grid=["n2"],
+            train={"corpus": "shards", "seq_len": 16, "batch_size": 8, "max_steps": 6, "val_every": 3,
+                   "ckpt_every": 6, "val_tokens": 256, "optimizer": {"lr": 1e-3, "weight_decay": 0.1}})
+
+    model = from_source(config().source, config().model("n2"))
+    (plain,) = build_optimizers(model, config().train.optimizer, ScaleConfig())
+    decay = {id(p): g["weight_decay"] for g in plain.param_groups for p in g["params"]}
+    own = {"extra_embeds": 0.01, "mix_gates": 0.1}
+    (opt,) = own_lrs(build_optimizers(model, config().train.optimizer, ScaleConfig()), model,
+                     lambda name: own.get(name.split(".")[0]))
+    lr_of = {id(p): (g["base_lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
+    assert len(lr_of) == sum(1 for _ in model.parameters())  # every parameter once
+    for name, p in model.named_parameters():
+        assert lr_of[id(p)] == (own.get(name.split(".")[0], 1e-3), decay[id(p)]), name
+    assert {g["name"] for g in opt.param_groups} >= {"embedding@own", "output_scale@own"}
+
+    opened = {}
+    for tag, cell in (("backbone-rate", {}), ("own-rate", {"gate_lr": 0.1})):
+        fit_cell(config(**cell), "n2", 0, tmp_path / tag, tmp_path / "tokens")
+        opened[tag] = abs(gate_mean(load_hidden_decoding(tmp_path / tag / "model")))
+    assert opened["own-rate"] > 10 * opened["backbone-rate"] and opened["own-rate"] > 0.05, opened
+    with pytest.raises(ValueError, match="one stream adds no table or gate"):
+        HiddenDecodingConfig(cells={"n1": {"table_lr": 0.1}}, grid=["n1"])
+    with pytest.raises(ValueError, match="only a gated start has gates"):
+        HiddenDecodingConfig(cells={"n2": {"n_streams": 2, "gate_lr": 0.1}}, grid=["n2"])
 
 def test_the_start_table_pairs_each_window_with_one_stream(tmp_path):
     """A forward-only cell's gap to the forward-only n = 1 cell of its seed, window by window: its mean and spread,

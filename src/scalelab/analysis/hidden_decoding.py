@@ -4,6 +4,7 @@ equal training FLOPs, SFA against full attention, their claims-ledger entries an
 Roles of the grid's cells, read from their params (hidden_decoding.cells):
     base[n]     n streams, SFA, the base token budget           equal tokens: base[1] vs base[n]
     warm[n]     as base[n], after a table-only warm-up          its gain:     base[1] vs warm[n]
+    own_lr[n]   as base[n], its tables and gates at own LRs     its gain:     base[1] vs own_lr[n]
     full[n]     n streams, full attention, the base budget      full's gain:  base[1] vs full[n]
     control[n]  one stream, FLOPs matched to base[n]            equal FLOPs:  control[n] vs base[n]
     tied[n]     n streams, SFA, one shared table                tables:       tied[n] vs base[n]
@@ -36,12 +37,17 @@ PUBLISHED_SFA = "Hidden Decoding (WeLM-HD4): SFA in place of full attention at n
 
 
 def roles(hd: HiddenDecodingConfig) -> dict[str, dict[int, str]]:
-    """{"base", "warm", "full", "control", "tied"} → {n_streams: cell name} over the grid's trained cells (first one
-    wins)."""
-    out: dict[str, dict[int, str]] = {"base": {}, "warm": {}, "full": {}, "control": {}, "tied": {}}
+    """{"base", "warm", "own_lr", "full", "control", "tied"} → {n_streams: cell name} over the grid's trained cells
+    (first one wins)."""
+    out: dict[str, dict[int, str]] = {"base": {}, "warm": {}, "own_lr": {}, "full": {}, "control": {}, "tied": {}}
     for name in trained(hd):
         c = hd.cells[name]
-        if c.table_warmup and c.flops_of is None and c.tables == "separate" and c.attention == "sfa":
+        own = c.table_lr is not None or c.gate_lr is not None
+        if own and not c.table_warmup and c.flops_of is None and c.tables == "separate" and c.attention == "sfa":
+            out["own_lr"].setdefault(c.n_streams, name)
+        elif own:
+            continue
+        elif c.table_warmup and c.flops_of is None and c.tables == "separate" and c.attention == "sfa":
             out["warm"].setdefault(c.n_streams, name)
         elif c.table_warmup:
             continue
@@ -93,6 +99,7 @@ def comparisons(cells: dict[str, dict[int, dict]], hd: HiddenDecodingConfig) -> 
         "gain_flops": {n: paired(cells, r["control"][n], c) for n, c in r["base"].items() if n in r["control"]},
         "gain_full": {n: paired(cells, base1, c) for n, c in r["full"].items() if n > 1 and base1},
         "gain_warm": {n: paired(cells, base1, c) for n, c in r["warm"].items() if n > 1 and base1},
+        "gain_own_lr": {n: paired(cells, base1, c) for n, c in r["own_lr"].items() if n > 1 and base1},
         "sfa_minus_full": {n: paired(cells, c, r["full"][n]) for n, c in r["base"].items() if n in r["full"]},
         "tables": {n: paired(cells, c, r["base"][n]) for n, c in r["tied"].items() if n in r["base"]},
     }
@@ -180,6 +187,10 @@ def claims(cmp: dict[str, dict[int, list[float]]], setting: Setting, sfa_fractio
     for n, gains in sorted(cmp.get("gain_warm", {}).items()):
         out.append(entry(f"C.gain.warm.n{n}", f"n = {n} after a table-only warm-up lowers val loss vs n = 1 at equal "
                          "tokens", "val_loss(n=1) − val_loss(n, warm-up)", gains, PUBLISHED, n, "gain", [("warm", n)]))
+    for n, gains in sorted(cmp.get("gain_own_lr", {}).items()):
+        out.append(entry(f"C.gain.own_lr.n{n}", f"n = {n} with its new tables and gates at their own learning rates "
+                         "lowers val loss vs n = 1 at equal tokens", "val_loss(n=1) − val_loss(n, own LRs)", gains,
+                         PUBLISHED, n, "gain", [("own_lr", n)]))
     for n, gains in sorted(cmp["gain_full"].items()):
         out.append(entry(f"C.gain.full.n{n}", f"full attention at n = {n} lowers val loss vs n = 1 at equal tokens",
                          "val_loss(n=1) − val_loss(full, n)", gains, PUBLISHED_SFA, n, "full", [("full", n)]))

@@ -133,7 +133,10 @@ class CellConfig(StreamsConfig):
     `positions` and `embed_noise` set the section's for this cell alone; `forward_only` trains nothing: the cell is
     its model at step 0 scored on the validation windows (how far a start is from its backbone). `table_warmup`: the
     first steps train only what Hidden Decoding adds (the extra tables, a gated start's gates), the backbone frozen,
-    so it keeps its function while the hidden streams find a use (beyond the sources; n > 1)."""
+    so it keeps its function while the hidden streams find a use (beyond the sources; n > 1). `table_lr`, `gate_lr`:
+    base learning rates of what Hidden Decoding adds, the extra tables and a gated start's gates, the backbone keeping
+    `train.optimizer`'s; the schedule scales every one (n > 1). A gate is one scalar that AdamW moves by about its
+    learning rate a step, so at the backbone's CPT rate it cannot open within a short run."""
 
     flops_of: StreamsConfig | None = None
     bits: PosInt | None = None
@@ -142,6 +145,8 @@ class CellConfig(StreamsConfig):
     embed_noise: NonNegFloat | None = None
     forward_only: bool = False
     table_warmup: NonNegInt = 0
+    table_lr: PosFloat | None = None
+    gate_lr: PosFloat | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "CellConfig":
@@ -154,6 +159,10 @@ class CellConfig(StreamsConfig):
             raise ValueError("forward_only with flops_of: a cell that trains nothing has no budget to match")
         if self.table_warmup and self.n_streams == 1:
             raise ValueError(f"table_warmup {self.table_warmup} with n_streams 1: one stream adds no table to warm up")
+        if (self.table_lr or self.gate_lr) and self.n_streams == 1:
+            raise ValueError("table_lr/gate_lr with n_streams 1: one stream adds no table or gate to train at them")
+        if self.gate_lr and self.start != "gated":
+            raise ValueError(f"gate_lr {self.gate_lr} with start {self.start!r}: only a gated start has gates")
         return self
 
 

@@ -141,3 +141,24 @@ def _check_embedding_lr(optimizers: list[torch.optim.Optimizer], embedding: dict
             if any(id(p) in want and not math.isclose(g["base_lr"], want[id(p)]) for p in g["params"]):
                 raise ValueError(f"{cfg.name} regroups its parameters: embedding_lr_mult {cfg.embedding_lr_mult} "
                                  "would not reach the embeddings")
+
+
+def own_lrs(optimizers: list[torch.optim.Optimizer], model: nn.Module,
+            lr_of: Callable[[str], float | None]) -> list[torch.optim.Optimizer]:
+    """The parameters `lr_of` gives a learning rate, by name, moved out of their groups into groups of their own at
+    that base LR, with their old group's decay and hyperparameters (named "<group>@own"); the schedule scales them as
+    every group (apply_lr: base_lr × factor). Before the first step only: an optimizer with state is refused."""
+    own = {id(p): lr for name, p in model.named_parameters() if (lr := lr_of(name)) is not None}
+    for opt in optimizers if own else []:
+        if opt.state:
+            raise ValueError("own_lrs: the optimizer has stepped already; regroup it before its first step")
+        moved: dict[tuple[int, float], tuple[dict, list]] = {}
+        for i, group in enumerate(opt.param_groups):
+            for p in [p for p in group["params"] if id(p) in own]:
+                moved.setdefault((i, own[id(p)]), (group, []))[1].append(p)
+            group["params"] = [p for p in group["params"] if id(p) not in own]
+        opt.param_groups = [g for g in opt.param_groups if g["params"]]
+        for (_, lr), (group, params) in moved.items():
+            opt.add_param_group({**group, "params": params, "name": f"{group.get('name', 'group')}@own", "lr": lr,
+                                 "base_lr": lr})
+    return optimizers

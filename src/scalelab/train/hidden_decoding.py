@@ -231,8 +231,10 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
     resume = claim_ckpt_dir(out_dir / "ckpt", chash, run.run_id if run is not None else None, tc.keep_stale)
     peak = (tc.peak_flops or peak_flops(PRECISION_DTYPE[tc.precision], device)) * tc.devices
 
+    own = {"extra_embeds.": hd.cells[cell].table_lr, "mix_gates.": hd.cells[cell].gate_lr}
     lit = LitLM(model, optimizer=tc.optimizer, scale=ScaleConfig(), schedule=tc.schedule, total_steps=total,
-                accumulate=tc.accumulate, grad_clip=tc.grad_clip)
+                accumulate=tc.accumulate, grad_clip=tc.grad_clip,
+                own_lr=(lambda name: own.get(name.split(".")[0] + ".")) if any(own.values()) else None)
     throughput = Throughput(tokens_per_step, fpt, peak)
     curve = MetricsFile(tokens_per_step, tc.ckpt_every, total, logged_file=out_dir / "ckpt" / "metrics_logged.json",
                         run_id=run.run_id if run is not None else None)

@@ -11,13 +11,14 @@ Schedule-Free optimizers are validated and checkpointed at their averaged weight
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 
 from scalelab.config import OptimizerConfig, ScaleConfig, ScheduleConfig
-from scalelab.optim import apply_lr, build_optimizers, hooks, lr_factor
+from scalelab.optim import apply_lr, build_optimizers, hooks, lr_factor, own_lrs
 
 from scalelab.train.datamodule import Batch
 
@@ -26,12 +27,14 @@ class LitLM(L.LightningModule):
     """One training step = one global batch (this rank's share), split into `accumulate` micro-batches."""
 
     def __init__(self, model: torch.nn.Module, *, optimizer: OptimizerConfig, scale: ScaleConfig,
-                 schedule: ScheduleConfig, total_steps: int, accumulate: int = 1, grad_clip: float = 0.0) -> None:
+                 schedule: ScheduleConfig, total_steps: int, accumulate: int = 1, grad_clip: float = 0.0,
+                 own_lr: Callable[[str], float | None] | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model = model
         self.optimizer_cfg, self.scale_cfg, self.schedule = optimizer, scale, schedule
         self.total_steps, self.accumulate, self.grad_clip = total_steps, accumulate, grad_clip
+        self.own_lr = own_lr  # parameter name -> its own base LR, None: the optimizer's (scalelab.optim.own_lrs)
         # weight of out.aux_loss inside out.loss (MoE balance; Hidden Decoding's hidden-stream CE): logged apart
         self.aux_coef = (model.aux_loss_coef if hasattr(model, "aux_loss_coef")
                          else model.cfg.moe.aux_loss_coef if model.cfg.moe is not None else 0.0)
@@ -39,7 +42,8 @@ class LitLM(L.LightningModule):
         self.step_metrics: dict[str, float] = {}  # this step's metrics; callbacks add theirs, MetricsFile logs them
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        return build_optimizers(self.model, self.optimizer_cfg, self.scale_cfg)
+        optimizers = build_optimizers(self.model, self.optimizer_cfg, self.scale_cfg)
+        return own_lrs(optimizers, self.model, self.own_lr) if self.own_lr else optimizers
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
         opts = self.optimizers()
