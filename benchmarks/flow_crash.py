@@ -38,8 +38,10 @@ from workspace import MICRO, seed_prefect_home, workspace_copy  # noqa: E402  (t
 
 TREE_ENV = "SCALELAB_TREE"
 DVC = [sys.executable, "-m", "dvc"]
-# Metrics fields that measure the machine or name a run, not the result: they differ between any two runs
-MACHINE = re.compile(r"(_s|_mb|seconds|mfu|peak_flops|run_id)$")
+# Metrics fields that measure the machine or name a run, not the result: they differ between any two runs (two
+# uninterrupted runs of the micro DAG differ in exactly these: compress's seconds_* and tokens_per_s*, the optimizer
+# sweep's wall-clock step_time_ratio, an evaluation's mlflow_model_id)
+MACHINE = re.compile(r"^seconds|(_s|_mb|seconds|mfu|peak_flops|run_id|model_id)$|tokens_per_s|step_time")
 
 
 def marked(tag: str) -> list[int]:
