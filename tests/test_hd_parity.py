@@ -14,7 +14,7 @@ from scalelab.analysis import hd_premises as hdp
 from scalelab.analysis.window_floor import expected_window_loss, val_phases
 from scalelab.config import HiddenDecodingConfig
 from scalelab.data.loader import val_batches
-from scalelab.data.parity_task import EVEN, ODD, PAUSE, SEP, ParityTask
+from scalelab.data.parity_task import AT_LEAST, BELOW, EVEN, ODD, PAUSE, SEP, ParityTask
 from scalelab.model.hidden_decoding_answers import scored_targets
 from scalelab.model.transformer import ModelOutput
 
@@ -56,6 +56,32 @@ def test_every_window_is_whole_blocks(K, pauses, blocks):
     assert torch.equal(rows, task.train_batch(train, seed=0, step=1, batch_size=16, seq_len=T)[0][1::2])
     with pytest.raises(ValueError, match="not a whole number"):
         task.train_batch(train, seed=0, step=0, batch_size=4, seq_len=T + 1)
+
+
+@pytest.mark.parametrize("K, pauses", [(5, 5), (6, 3)])
+def test_hints_are_the_pauses_threshold_targets_and_nothing_else(K, pauses):
+    """With hints, pause j < P of each block is trained to say whether at least j·K/P of its bits are set, read from
+    that block's own bits; every input, every other target and the answers scored are those of the plain task."""
+    task, plain = ParityTask(K, pauses, hints=True), ParityTask(K, pauses)
+    train, _ = task.streams(20_000, seed=1)
+    x, y = task.train_batch(train, seed=0, step=0, batch_size=32, seq_len=task.seq_len(3))
+    hinted = task.targets(x, y)
+    assert torch.equal(plain.targets(x, y), y) and not torch.equal(hinted, y)
+    for b in range(32):
+        for blk in range(3):
+            base = blk * task.period
+            count = int(x[b, base:base + K].sum())
+            for t in range(task.period):
+                j = t - K  # pause j sits at K + j
+                want = (AT_LEAST if count * pauses >= j * K else BELOW) if 1 <= j < pauses else y[b, base + t]
+                assert hinted[b, base + t] == want, (b, blk, t)
+    assert torch.equal(task.answer_targets(hinted), task.answer_targets(y))  # the answers are scored alike
+    seen = set(hinted[:, K + 1:K + pauses].unique().tolist())
+    assert seen == {AT_LEAST, BELOW}  # both hints occur
+    with pytest.raises(ValueError, match="need pauses ≥ 2"):
+        ParityTask(4, 1, hints=True)
+    with pytest.raises(ValueError, match="not whole 12-token blocks"):
+        ParityTask(5, 5, hints=True).targets(x[:, :7], y[:, :7])
 
 
 class Oracle(torch.nn.Module):
@@ -114,7 +140,8 @@ def test_a_parity_cell_trains_a_seeded_random_backbone_on_its_task(tmp_path):
     from scalelab.train import hidden_decoding as hdt
 
     cfg = probe_config({"n1": {"bits": 4}, "pause": {"bits": 4, "pauses": 4}, "n2": {"n_streams": 2, "bits": 4},
-                        "start": {"bits": 4, "forward_only": True}})
+                        "start": {"bits": 4, "forward_only": True},
+                        "hinted": {"bits": 4, "pauses": 4, "hints": True}})
     inits = {}
     for cell, seed in (("n1", 0), ("pause", 0), ("n2", 0), ("n1", 1)):
         torch.manual_seed(seed)
@@ -132,6 +159,18 @@ def test_a_parity_cell_trains_a_seeded_random_backbone_on_its_task(tmp_path):
     assert curve[1].startswith("0,0,,") and float(curve[1].split(",")[3]) == m["n1"]["val_loss_start"]
     assert not (tmp_path / "start/model/model.safetensors").exists()  # a start measured keeps no weights
 
+    # the hinted control trains and validates on the hints: the same blocks as the plain control, other targets
+    from scalelab.train.hidden_decoding_task import BlockDataModule, cell_train, task_of, task_shards
+
+    shards, _ = task_shards(cfg, "hinted")
+    dm = BlockDataModule(task_of(cfg, "hinted"), shards, cell_train(cfg, "hinted"), 0)
+    plain = BlockDataModule(task_of(cfg, "pause"), task_shards(cfg, "pause")[0], cell_train(cfg, "pause"), 0)
+    (x, y), (px, py) = dm._val[0], plain._val[0]
+    assert torch.equal(x, px) and (y != py).any()
+    assert set(y[(px == PAUSE) & (py == PAUSE)].tolist()) == {AT_LEAST, BELOW}
+    m_h = hdt.fit_cell(cfg, "hinted", 0, tmp_path / "hinted", None)
+    assert m_h["hints"] is True and m_h["pauses"] == 4 and m_h["answers"] == 64
+
 
 def test_bad_probe_settings_fail_in_one_line():
     good = {"n1": {"bits": 4}}
@@ -139,6 +178,7 @@ def test_bad_probe_settings_fail_in_one_line():
     for cells, train, match in (
             ({"n1": {}}, {}, r"cells \['n1'\]: the parity corpus needs each cell's bits"),
             ({"n2": {"n_streams": 2, "bits": 4, "pauses": 4}}, {}, "pause tokens are the one-stream control"),
+            ({"p": {"bits": 4, "pauses": 1, "hints": True}}, {}, "hints with pauses 1"),
             (good, {"seq_len": 12}, "train.seq_len with corpus parity"),
             ({"n1": {"bits": 4, "forward_only": True, "flops_of": {"n_streams": 2}}}, {}, "forward_only with flops_of")):
         with pytest.raises(ValueError, match=match):
@@ -174,7 +214,7 @@ def write_cells(folder: Path, hd: HiddenDecodingConfig, results: dict[str, list[
     for cell, per_seed in results.items():
         c = hd.cells[cell]
         for seed, (loss, acc) in enumerate(per_seed):
-            m = {"cell": cell, "seed": seed, "bits": c.bits, "pauses": c.pauses, "answer_loss": loss,
+            m = {"cell": cell, "seed": seed, "bits": c.bits, "pauses": c.pauses, "hints": c.hints, "answer_loss": loss,
                  "answer_acc": acc, "n_streams": c.n_streams, "attention": c.attention, "params": 1000,
                  "tokens": 10_000, "steps": 100}
             files[f"{cell}-{seed}.json"] = folder / f"{cell}-{seed}.json"
@@ -209,6 +249,24 @@ def test_the_parity_ledger_waits_for_its_positive_control_and_room(tmp_path):
                for e in hd_parity.entries(hd_np, write_cells(tmp_path / "nopause", hd_np, no_pause)))
 
 
+def test_the_hinted_pause_arm_is_the_control_where_it_ran(tmp_path):
+    """A study running both pause arms reads its positive control from the hinted one (the plain one is reported):
+    the premise follows the hinted arm's accuracy, whatever the plain arm's."""
+    arms = ARMS | {"pause_hints": {"pauses": True, "hints": True}}
+    hd = ladder_config(arms=arms)
+    base = {"n1-k6": NEAR_BLIND, "n2-k6": SOLVED, "n4-k6": SOLVED, "n2full-k6": SOLVED}
+    plain_fails = base | {"pause-k6": NEAR_BLIND, "pause_hints-k6": SOLVED}
+    entries = hd_parity.entries(hd, write_cells(tmp_path / "a", hd, plain_fails))
+    assert all(e["verdict"] == "reproduced" for e in entries if e["id"] == "C.parity.gain.n2")
+    control = next(p for p in entries[0]["premises"] if p["name"] == "positive control")
+    assert control["passed"] and "threshold hints: answer accuracy 0.995" in control["value"]
+    hinted_fails = base | {"pause-k6": SOLVED, "pause_hints-k6": NEAR_BLIND}
+    assert all(e["verdict"].startswith("untested (positive control: pause tokens with threshold hints")
+               for e in hd_parity.entries(hd, write_cells(tmp_path / "b", hd, hinted_fails)))
+    table = hd_parity.largest_markdown(hd, write_cells(tmp_path / "c", hd, plain_fails))
+    assert "| pause_hints | 3 | 6, 6, 6 |" in table and "| pause | 3 | none, none, none |" in table
+
+
 def test_the_largest_k_solved_is_read_per_seed_and_arm(tmp_path):
     hd = ladder_config(ks=(4, 6), arms={"n1": {}, "pause": {"pauses": True}})
     files = write_cells(tmp_path / "cells", hd, {"n1-k4": [(0.01, 1.0), (0.3, 0.9), (0.02, 0.995)], "n1-k6": NEAR_BLIND,
@@ -234,8 +292,8 @@ from mutants import mutant, mutation_checks  # noqa: E402
 def _(monkeypatch):
     real = hdp.parity_premises
 
-    def lenient(K, pause_acc, n1_closed):
-        room, control = real(K, pause_acc, n1_closed)
+    def lenient(K, pause_acc, n1_closed, **kw):
+        room, control = real(K, pause_acc, n1_closed, **kw)
         return [room, control | {"passed": True}]
 
     monkeypatch.setattr(hdp, "parity_premises", lenient)

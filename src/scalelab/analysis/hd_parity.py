@@ -5,7 +5,8 @@ positive control) do?
 Each cell of the study is one arm at one K (its `bits`; the study's params.yaml, the profile it ran under, says which),
 its metrics the answer token's loss and accuracy on validation windows of whole blocks (scalelab.data.parity_task;
 floor 0, blind ln 2). An arm is what a cell is but its K: `n1`, `pause` (one stream, K pause tokens before the
-answer), `n2`, `n4` (SFA), `n2full`, `n4full` (full attention). What a seed's arm solves is read two ways:
+answer), `pause_hints` (the same, its pauses trained on threshold hints), `n2`, `n4` (SFA), `n2full`, `n4full` (full
+attention). The positive control is `pause_hints` where a study runs it, else `pause`. What a seed's arm solves is read two ways:
     largest K solved     the largest K of the ladder with answer accuracy ≥ SOLVED (the table; an integer per seed)
     solved score         Σ over the K ladder of the fraction of the blind → floor answer gap closed,
                          (ln 2 − loss_K) / ln 2: a continuous count of K's solved, the claims' metric (an integer
@@ -30,7 +31,7 @@ from scalelab.analysis import hidden_decoding as hdr
 from scalelab.analysis.studies import cell_files
 from scalelab.config import CellConfig, HiddenDecodingConfig
 
-PAUSE = "pause"  # the positive control's arm
+PAUSE, HINTED = "pause", "pause_hints"  # the pause arms; the positive control is the hinted one where it ran
 BLIND = math.log(2)
 Cells = dict[str, dict[int, dict[int, dict]]]  # arm → K → seed → metrics
 
@@ -38,7 +39,7 @@ Cells = dict[str, dict[int, dict[int, dict]]]  # arm → K → seed → metrics
 def arm_of(c: CellConfig) -> str:
     """The arm a cell belongs to: what it is but its K."""
     if c.pauses:
-        return PAUSE
+        return HINTED if c.hints else PAUSE
     tags = [c.attention if c.attention != "sfa" else "", c.tables if c.tables != "separate" else "",
             c.start if c.start != "open" else ""]
     return f"n{c.n_streams}{''.join(tags)}"
@@ -73,8 +74,10 @@ def read_cells(hd: HiddenDecodingConfig, files: Mapping[str, Path]) -> tuple[Cel
         c = hd.cells.get(m.get("cell"))
         if c is None:
             continue
-        if (m.get("bits"), m.get("pauses")) != (c.bits, c.pauses) or "answer_loss" not in m:
-            raise ValueError(f"{path}: not the parity cell {m.get('cell')!r} of the params (bits, pauses, answers)")
+        if (m.get("bits"), m.get("pauses"), m.get("hints", False)) != (c.bits, c.pauses, c.hints) \
+                or "answer_loss" not in m:
+            raise ValueError(f"{path}: not the parity cell {m.get('cell')!r} of the params (bits, pauses, hints, "
+                             "answers)")
         arms.setdefault(arm_of(c), c)
         out.setdefault(arm_of(c), {}).setdefault(c.bits, {})[int(m["seed"])] = m
     return out, arms
@@ -115,11 +118,17 @@ def gains(cells: Cells, arms: dict[str, CellConfig], ks: list[int]) -> dict[str,
     return out
 
 
+def control(cells: Cells) -> str:
+    """The positive control's arm: the hinted pause arm where the study ran it, else the plain one."""
+    return HINTED if HINTED in cells else PAUSE
+
+
 def premises(cells: Cells, ks: list[int]) -> list[dict]:
     """Room and the positive control at the K compared (the ladder's largest)."""
-    K = max(ks)
-    pause = [m["answer_acc"] for _, m in sorted(cells.get(PAUSE, {}).get(K, {}).items())]
-    return hdp.parity_premises(K, pause, [closed(m["answer_loss"]) for _, m in sorted(cells["n1"][K].items())])
+    K, arm = max(ks), control(cells)
+    pause = [m["answer_acc"] for _, m in sorted(cells.get(arm, {}).get(K, {}).items())]
+    return hdp.parity_premises(K, pause, [closed(m["answer_loss"]) for _, m in sorted(cells["n1"][K].items())],
+                               hints=arm == HINTED)
 
 
 def regime(cells: Cells, n: int, ks: list[int]) -> dict:
@@ -190,7 +199,7 @@ def largest_markdown(hd: HiddenDecodingConfig, files: Mapping[str, Path]) -> str
     ks = ladder(cells)
     head = " | ".join(f"K = {K}: acc (lowest)" for K in ks)
     rows = [f"| arm | seeds | largest K solved, per seed | solved score | {head} |", "|---" * (4 + len(ks)) + "|"]
-    order = sorted(cells, key=lambda a: (a != "n1", a != PAUSE, a))
+    order = sorted(cells, key=lambda a: (a != "n1", not a.startswith(PAUSE), a))
     for arm in order:
         seeds = seeds_of(cells, arm, ks)
         if not seeds:

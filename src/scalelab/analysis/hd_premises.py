@@ -76,19 +76,21 @@ def shown(name: str, diffs: Sequence[float], level: float, need: str) -> dict:
     return ledger.premise(name, value, decision == ledger.REPRODUCED, f"{need} (t interval above 0)")
 
 
-def parity_premises(K: int, pause_acc: Sequence[float], n1_closed: Sequence[float]) -> list[dict]:
+def parity_premises(K: int, pause_acc: Sequence[float], n1_closed: Sequence[float], hints: bool = False) -> list[dict]:
     """A parity probe's premises at the K its claims compare: `room` (n = 1 stays near the blind ln 2: it closes
     less than LEARNS of the ln 2 → 0 answer gap in every seed) and `positive control` (one stream with K pause tokens
-    before the answer, same backbone and steps, solves it: answer accuracy ≥ SOLVED in every seed)."""
+    before the answer, same backbone and steps, solves it: answer accuracy ≥ SOLVED in every seed; `hints`: its pauses
+    trained on threshold hints)."""
     room = (f"n = 1 closes at most {max(n1_closed):.1%} of the answer gap at K = {K} ({len(n1_closed)} seeds)"
             if n1_closed else "no n = 1 cell")
-    control = (f"pause tokens: answer accuracy {min(pause_acc):.3f} at K = {K}, the lowest of {len(pause_acc)} seeds"
+    kind = "pause tokens with threshold hints" if hints else "pause tokens"
+    control = (f"{kind}: answer accuracy {min(pause_acc):.3f} at K = {K}, the lowest of {len(pause_acc)} seeds"
                if pause_acc else "none run")
     return [ledger.premise("room", room, bool(n1_closed) and max(n1_closed) < LEARNS,
                            f"n = 1 closes < {LEARNS:.0%} of the ln 2 → 0 answer gap in every seed (stays near ln 2)"),
             ledger.premise("positive control", control, bool(pause_acc) and min(pause_acc) >= SOLVED,
-                           f"one stream with K pause tokens before the answer (same backbone and steps) reaches answer "
-                           f"accuracy ≥ {SOLVED} in every seed")]
+                           f"one stream with K pause tokens before the answer{' trained on threshold hints' * hints} "
+                           f"(same backbone and steps) reaches answer accuracy ≥ {SOLVED} in every seed")]
 
 
 GapCurve = Sequence[tuple[float, Sequence[float]]]  # (tokens, per-seed loss(n) − loss(n = 1)), by tokens

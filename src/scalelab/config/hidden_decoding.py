@@ -129,7 +129,8 @@ class CellConfig(StreamsConfig):
     model with those streams on the base budget (the equal-FLOPs control; counted analytically).
 
     On the parity corpus (`train.corpus: parity`) every cell names its task: `bits` (K) and `pauses`, the pause tokens
-    before the answer (the positive control's kind: one stream with extra positions at the answer).
+    before the answer (the positive control's kind: one stream with extra positions at the answer), and `hints`: the
+    pauses trained on threshold targets (scalelab.data.parity_task).
     `positions` and `embed_noise` set the section's for this cell alone; `forward_only` trains nothing: the cell is
     its model at step 0 scored on the validation windows (how far a start is from its backbone). `table_warmup`: the
     first steps train only what Hidden Decoding adds (the extra tables, a gated start's gates), the backbone frozen,
@@ -141,6 +142,7 @@ class CellConfig(StreamsConfig):
     flops_of: StreamsConfig | None = None
     bits: PosInt | None = None
     pauses: NonNegInt = 0
+    hints: bool = False
     positions: Positions | None = None
     embed_noise: NonNegFloat | None = None
     forward_only: bool = False
@@ -155,6 +157,9 @@ class CellConfig(StreamsConfig):
                              "control")
         if self.pauses and self.bits is None:
             raise ValueError("pauses without bits: pause tokens belong to the parity task")
+        if self.hints and self.pauses < 2:
+            raise ValueError(f"hints with pauses {self.pauses}: the hints are the targets of every pause but the last "
+                             "(it predicts the answer), so they need pauses ≥ 2")
         if self.forward_only and self.flops_of is not None:
             raise ValueError("forward_only with flops_of: a cell that trains nothing has no budget to match")
         if self.table_warmup and self.n_streams == 1:

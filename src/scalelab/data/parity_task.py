@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SEP, PAUSE, EVEN, ODD = 2, 3, 4, 5  # bits are 0 and 1
-VOCAB = 8  # the six tokens above, rounded up
+SEP, PAUSE, EVEN, ODD, AT_LEAST, BELOW = 2, 3, 4, 5, 6, 7  # bits are 0 and 1; the last two are hint targets
+VOCAB = 8
 SHARD_TOKENS = 1_000_000  # train stream; the val stream gets a tenth, from another generator
 
 State = tuple[int, int]  # (position in the block 0..period−1, parity of the block's bits so far)
@@ -34,15 +34,20 @@ State = tuple[int, int]  # (position in the block 0..period−1, parity of the b
 @dataclass(frozen=True)
 class ParityTask:
     """Blocks of K bits, a separator, `pauses` pause tokens and the parity. `blind`: the source as a model that
-    ignores the bits when it predicts the answer sees it (the answer uniform), the ln 2 reference."""
+    ignores the bits when it predicts the answer sees it (the answer uniform), the ln 2 reference. `hints`: the
+    pauses' threshold targets (`targets`); the token stream, and so the finite-state source, is the same."""
 
     K: int
     pauses: int = 0
     blind: bool = False
+    hints: bool = False
 
     def __post_init__(self) -> None:
         if self.K < 1 or self.pauses < 0:
             raise ValueError(f"parity task K={self.K} pauses={self.pauses}: need K ≥ 1 and pauses ≥ 0")
+        if self.hints and self.pauses < 2:
+            raise ValueError(f"parity task hints with pauses={self.pauses}: hints are the targets of every pause but "
+                             "the last (which predicts the answer), so they need pauses ≥ 2")
 
     @property
     def period(self) -> int:
@@ -55,7 +60,7 @@ class ParityTask:
 
     def describe(self) -> str:
         extra = f", {self.pauses} pause tokens before the answer" if self.pauses else ""
-        return f"parity of {self.K} bits{extra}"
+        return f"parity of {self.K} bits{extra}{' (threshold hints)' if self.hints else ''}"
 
     def seq_len(self, blocks: int) -> int:
         """The window length holding `blocks` whole blocks: windows cut at its multiples start at a block boundary."""
@@ -68,6 +73,23 @@ class ParityTask:
         fill = np.full((len(bits), 1 + self.pauses), PAUSE)
         fill[:, 0] = SEP
         return np.concatenate([bits, fill, answer], axis=1).reshape(-1)
+
+    def targets(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training targets of windows (x, y) of whole blocks starting at a block's first bit: y itself, or with
+        `hints` y where pause j < P of each block (its target the next pause) is AT_LEAST if the block's count of
+        set bits c satisfies c·P ≥ j·K, else BELOW."""
+        if not self.hints:
+            return y
+        B, T = x.shape
+        if T % self.period:
+            raise ValueError(f"{self.describe()}: windows of {T} tokens are not whole {self.period}-token blocks")
+        blocks = x.reshape(B, T // self.period, self.period)
+        count = blocks[..., :self.K].sum(-1, keepdim=True)  # (B, blocks, 1)
+        j = torch.arange(1, self.pauses, device=x.device)
+        hint = torch.where(count * self.pauses >= j * self.K, AT_LEAST, BELOW)
+        out = y.clone().reshape(B, T // self.period, self.period)
+        out[..., self.K + 1:self.K + self.pauses] = hint  # pause j sits at K + j; it predicts what follows it
+        return out.reshape(B, T)
 
     def answer_targets(self, y: np.ndarray) -> np.ndarray:
         """Boolean mask of the answer tokens among targets `y` (a target is an answer iff it is EVEN or ODD)."""

@@ -23,9 +23,9 @@ ANSWER_BATCH = 64  # windows per forward pass when scoring the answers
 
 
 def task_of(hd: HiddenDecodingConfig, cell: str) -> ParityTask | None:
-    """The cell's parity task (its `bits` and `pauses`), or None off the parity corpus."""
+    """The cell's parity task (its `bits`, `pauses` and `hints`), or None off the parity corpus."""
     c = hd.cells[cell]
-    return ParityTask(c.bits, c.pauses) if hd.train.corpus == "parity" else None
+    return ParityTask(c.bits, c.pauses, hints=c.hints) if hd.train.corpus == "parity" else None
 
 
 def cell_train(hd: HiddenDecodingConfig, cell: str) -> HDTrainConfig:
@@ -57,16 +57,19 @@ class BlockBatches(StepBatches):
 
     def __iter__(self):
         for step in range(self.start, self.total):
-            yield self.task.train_batch(self.shards.train, seed=self.seed, step=step, batch_size=self.cfg.batch_size,
-                                        seq_len=self.cfg.seq_len, rank=self.rank, world_size=self.world_size)
+            x, y = self.task.train_batch(self.shards.train, seed=self.seed, step=step, batch_size=self.cfg.batch_size,
+                                         seq_len=self.cfg.seq_len, rank=self.rank, world_size=self.world_size)
+            yield x, self.task.targets(x, y)
 
 
 class BlockDataModule(TokenDataModule):
-    """TokenDataModule whose training stream is the task's BlockBatches (validation: the loader's windows)."""
+    """TokenDataModule whose training stream is the task's BlockBatches (validation: the loader's windows), both
+    with the task's targets."""
 
     def __init__(self, task: ParityTask, shards: Shards, cfg, seed: int) -> None:
         super().__init__(shards, cfg, seed)
         self.task = task
+        self._val = [(x, task.targets(x, y)) for x, y in self._val]
 
     def train_dataloader(self) -> DataLoader:
         stream = BlockBatches(self.task, self.shards, self.cfg, seed=self.seed,
@@ -78,5 +81,5 @@ class BlockDataModule(TokenDataModule):
 def answer_metrics(model, task: ParityTask, shards: Shards, tc: HDTrainConfig) -> dict:
     """The answer token's loss and accuracy over the cell's validation windows, with the task that defines them."""
     batches = val_batches(shards.val, seq_len=tc.seq_len, val_tokens=tc.val_tokens, batch_size=ANSWER_BATCH)
-    return {"bits": task.K, "pauses": task.pauses, "seq_len": tc.seq_len,
+    return {"bits": task.K, "pauses": task.pauses, "hints": task.hints, "seq_len": tc.seq_len,
             **scored_targets(model, batches, task.answer_targets)}
