@@ -309,8 +309,15 @@ def test_a_starting_marker_counts_for_a_live_server_of_that_socket_and_only_for_
     marker = Path(f"{sock}{handoff.STARTING}")
 
     def fake_server(path: Path) -> subprocess.Popen:  # a command line as warm.start's
-        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "scalelab.pipeline.warm",
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "scalelab.pipeline.warm",
                                  "--socket", str(path)])
+        # Until the child execs, /proc shows the forking test's command line (a real server writes its marker
+        # itself, after its exec): on a busy machine that lasts long enough to be read here
+        deadline = time.monotonic() + 30
+        while b"scalelab.pipeline.warm" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the fake server never exec'd"
+            time.sleep(0.01)
+        return proc
 
     live, elsewhere = fake_server(sock), fake_server(other)
     try:
