@@ -1,7 +1,8 @@
 """Pretraining step-time ratios, all measured in this run:
 
 1. Lightning (logging to MLflow, every callback on) against a bare PyTorch loop on the identical model, optimizer,
-   batches and data, both as the median wall time of a whole step (batch, step, callbacks): goal ≤ 1.05.
+   batches and data, both as the median wall time of a whole step (batch, step, callbacks), each side's fastest of
+   `--repeats` interleaved runs: goal ≤ 1.05.
 2. `unified` against `standard` step time (bare loop, same size): goal ≤ 1.03 at 4x the profile's tokens per step;
    at the profile's own batch the ratio is reported (the scales cost a fixed amount per step, amortized by tokens).
 3. MFU of the bare step at the largest default size against the fp32 matmul peak measured in the same run: a fixed
@@ -89,7 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     params = load_params(args.params)
     if params.pretrain.threads:
@@ -103,7 +104,11 @@ def main() -> None:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'mlflow.db'}"
         from scalelab import tracking
 
-        # 1. Lightning vs bare loop, interleaved so machine noise hits both alike; medians over steps and repeats.
+        # 1. Lightning vs bare loop, interleaved, the median step of each run; each side's fastest run. Interference on
+        # shared cores only adds time, and it moves whole runs: on 2 idle cores the same bare loop's median step was
+        # 60.5 ms in one run and 74.4 ms in the next of the same process, and the ratio of medians over 3 repeats read
+        # 1.25 where a rerun of the comparison read 0.95. The fastest run of each side is the estimate interference
+        # cannot inflate.
         bench = params.model_copy(update={"pretrain": params.pretrain.model_copy(update={"max_steps": args.steps})})
         cell = Cell(variant="standard", size=largest, recipe="base", seed=0)
         lit, bare = [], []
@@ -113,7 +118,7 @@ def main() -> None:
                 fit(bench, cell, work / f"fit{r}", sdir, run, callbacks=[clock])
             lit.append(statistics.median(clock.step_times()))
             bare.append(statistics.median(bare_loop(params, cell, shards.train, shards.vocab_size, args.steps)))
-        lit_s, bare_s = statistics.median(lit), statistics.median(bare)
+        lit_s, bare_s = min(lit), min(bare)
         rows.append(("Lightning step (size %s)" % largest, lit_s, bare_s, lit_s / bare_s, "<= 1.05"))
         results.append({"benchmark": "pretrain_step", "metric": "lightning_over_bare_step_time",
                         "value": round(lit_s / bare_s, 4), "goal": "<= 1.05"})
