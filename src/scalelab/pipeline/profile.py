@@ -26,13 +26,24 @@ from scalelab.config.params import read_yaml
 TARGET = Path("params.yaml")
 
 
+def _explicit_null():
+    """ruamel's round-trip representer writing None as `null`, in a class of its own: `add_representer` is a
+    classmethod, so called on YAML().representer it rewrote None for every round-trip dump in the process, DVC's
+    dvc.lock among them (`key: null` where DVC writes `key:`)."""
+    from ruamel.yaml.representer import RoundTripRepresenter
+
+    cls = type("ExplicitNullRepresenter", (RoundTripRepresenter,), {})
+    cls.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
+    return cls
+
+
 def migrated(text: str) -> str:
     """`text` (a params file) with its inline machine settings moved into its `machine:` section, whose keys win."""
     from ruamel.yaml import YAML
 
     yml = YAML()  # round trip: comments, quotes and flow/block layout survive
+    yml.Representer = _explicit_null()
     yml.preserve_quotes, yml.width = True, 4096  # no re-wrapping inside flow maps
-    yml.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
     yml.indent(mapping=2, sequence=4, offset=2)
     doc = yml.load(text)
     own = doc.get(machine.SECTION) or {}
