@@ -1,5 +1,6 @@
 """DVC stage `hidden_decoding`: continue the backbone as one Hidden Decoding cell (or, on the parity corpus, train a
-random one from scratch; or, `forward_only`, score it at step 0) and record its metrics.
+random one from scratch, or first as one stream and then with the cell's streams: `backbone_steps`; or,
+`forward_only`, score it at step 0) and record its metrics.
 
     python stages/hidden_decoding.py --cell n4 --seed 0
 
@@ -31,6 +32,7 @@ def train(params: Params, args: argparse.Namespace) -> None:
     out_dir = Path("data/hidden_decoding") / name
 
     from scalelab.train import hidden_decoding as hdt
+    from scalelab.train import hidden_decoding_continued as hdc
 
     try:
         backbone_config = hdt.cell_backbone_config(hd, args.cell)
@@ -51,13 +53,13 @@ def train(params: Params, args: argparse.Namespace) -> None:
                        **({"task": task.describe()} if task else {})},
               "model": model_cfg.model_dump(mode="json"), "source": hd.source.model_dump(mode="json"),
               "train": cell_train(hd, args.cell).model_dump(mode="json")}
-    run_id = hdt.resume_run_id(hd, args.cell, args.seed, out_dir, corpus, backbone_config)
+    run_id = hdc.resume_run_id(hd, args.cell, args.seed, out_dir, corpus, backbone_config)
     data_dep = ("src/scalelab/data/parity_task.py" if task else "data/prepared" if hd.uses_text()
                 else str(shards / "meta.json"))
     with tracking.stage_run(f"hidden_decoding@{name}", params=logged, experiment=params.tracking.experiment,
                             deps=[data_dep, hd.source_dep], run_id=run_id) as run:
-        metrics = hdt.fit_cell(hd, args.cell, args.seed, out_dir, shards, run,
-                               plot=Path("plots/hidden_decoding") / f"{name}.csv", corpus=corpus)
+        metrics = hdc.fit(hd, args.cell, args.seed, out_dir, shards, run,
+                          plot=Path("plots/hidden_decoding") / f"{name}.csv", corpus=corpus)
         run.record(out_dir / "model")
         # outs and metrics inside the run: FINISHED only once they are written
         write_json_atomic(Path("metrics/hidden_decoding") / f"{name}.json",

@@ -172,6 +172,31 @@ def test_a_parity_cell_trains_a_seeded_random_backbone_on_its_task(tmp_path):
     assert m_h["hints"] is True and m_h["pauses"] == 4 and m_h["answers"] == 64
 
 
+def test_a_continued_cell_adds_its_streams_to_the_backbone_it_trained(tmp_path):
+    """backbone_steps: n = 1 trains first, then the cell's streams start on that backbone. With a gated start (n = 2 at
+    step 0 is its backbone exactly) the second phase's step-0 loss is the first phase's final one; a cell from
+    scratch starts elsewhere. Both phases together spend the base budget, and the first is the one-stream cell's run
+    on its own budget, weight for weight."""
+    from safetensors.torch import load_file
+
+    from scalelab.train import hidden_decoding_continued as hdc
+
+    cont = {"n_streams": 2, "bits": 4, "positions": "shared", "start": "gated", "backbone_steps": 20}
+    cfg = probe_config({"cont": cont, "scratch": {k: v for k, v in cont.items() if k != "backbone_steps"},
+                        "n1": {"bits": 4}}, steps=30)
+    m = hdc.fit(cfg, "cont", 0, tmp_path / "cont", None)
+    assert m["backbone_steps"] == 20 and m["backbone"]["steps"] == 20 and m["steps"] == 10
+    assert m["val_loss_start"] == pytest.approx(m["backbone"]["val_loss"], rel=1e-6)
+    assert m["backbone"]["val_loss"] < m["val_loss_start"] + 1e-6 and "answer_acc" in m["backbone"]
+    scratch = hdc.fit(cfg, "scratch", 0, tmp_path / "scratch", None)
+    assert scratch["steps"] == 30 and abs(scratch["val_loss_start"] - m["val_loss_start"]) > 0.1
+    one = hdc.fit(cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_steps": 20})}), "n1", 0,
+                  tmp_path / "n1", None)
+    trained = load_file(str(tmp_path / "cont/backbone/hf/model.safetensors"))
+    assert one["steps"] == 20 and all(torch.equal(w, load_file(str(tmp_path / "n1/model/model.safetensors"))[k])
+                                      for k, w in trained.items())
+
+
 def test_bad_probe_settings_fail_in_one_line():
     good = {"n1": {"bits": 4}}
     probe_config(good)
@@ -180,7 +205,9 @@ def test_bad_probe_settings_fail_in_one_line():
             ({"n2": {"n_streams": 2, "bits": 4, "pauses": 4}}, {}, "pause tokens are the one-stream control"),
             ({"p": {"bits": 4, "pauses": 1, "hints": True}}, {}, "hints with pauses 1"),
             (good, {"seq_len": 12}, "train.seq_len with corpus parity"),
-            ({"n1": {"bits": 4, "forward_only": True, "flops_of": {"n_streams": 2}}}, {}, "forward_only with flops_of")):
+            ({"n1": {"bits": 4, "forward_only": True, "flops_of": {"n_streams": 2}}}, {}, "forward_only with flops_of"),
+            ({"c": {"bits": 4, "backbone_steps": 10}}, {}, "backbone_steps 10 with n_streams 1"),
+            ({"c": {"bits": 4, "n_streams": 2, "backbone_steps": 30}}, {}, "backbone_steps must be below")):
         with pytest.raises(ValueError, match=match):
             probe_config(cells, **train)
     with pytest.raises(ValueError, match="bits and pauses belong to the parity corpus"):
@@ -190,6 +217,8 @@ def test_bad_probe_settings_fail_in_one_line():
     with pytest.raises(ValueError, match="the code that draws it"):
         HiddenDecodingConfig(source={"init": SHAPE}, source_dep="models/x", cells=good, grid=["n1"],
                              train={"corpus": "parity"})
+    with pytest.raises(ValueError, match="backbone_steps continues a one-stream model"):
+        HiddenDecodingConfig(cells={"c": {"n_streams": 2, "backbone_steps": 5}}, grid=["c"])
     with pytest.raises(ValueError, match="n_head must divide d_model"):
         probe_config(good).source.__class__(init=SHAPE | {"n_head": 3})
 
@@ -267,6 +296,25 @@ def test_the_hinted_pause_arm_is_the_control_where_it_ran(tmp_path):
     assert "| pause_hints | 3 | 6, 6, 6 |" in table and "| pause | 3 | none, none, none |" in table
 
 
+def test_continued_arms_are_claims_of_their_own_against_one_stream(tmp_path):
+    """An arm continued from a one-stream backbone is its own arm (`cont`), claimed against n = 1 on its own cells:
+    the scratch arm's claim and the growth and SFA claims read the scratch arms only."""
+    arms = ARMS | {"n2cont": {"n_streams": 2, "backbone_steps": 30},
+                   "n2fullcont": {"n_streams": 2, "attention": "full", "backbone_steps": 30}}
+    hd = ladder_config(arms=arms)
+    results = {"n1-k6": NEAR_BLIND, "pause-k6": SOLVED, "n2-k6": NEAR_BLIND, "n4-k6": NEAR_BLIND,
+               "n2full-k6": NEAR_BLIND, "n2cont-k6": SOLVED, "n2fullcont-k6": NEAR_BLIND}
+    files = write_cells(tmp_path / "cells", hd, results)
+    entries = {e["id"]: e for e in hd_parity.entries(hd, files)}
+    assert entries["C.parity.gain.cont.n2"]["verdict"] == "reproduced"
+    assert "continued from n = 1" in entries["C.parity.gain.cont.n2"]["claim"]
+    assert entries["C.parity.gain.n2"]["verdict"] != "reproduced"
+    assert entries["C.parity.gain.cont.full.n2"]["verdict"] != "reproduced"
+    assert not any("cont" in i for i in entries if ".grows." in i or ".sfa." in i)
+    table = hd_parity.largest_markdown(hd, files)
+    assert "| n2cont | 3 | 6, 6, 6 |" in table and "| n2 | 3 | none, none, none |" in table
+
+
 def test_the_largest_k_solved_is_read_per_seed_and_arm(tmp_path):
     hd = ladder_config(ks=(4, 6), arms={"n1": {}, "pause": {"pauses": True}})
     files = write_cells(tmp_path / "cells", hd, {"n1-k4": [(0.01, 1.0), (0.3, 0.9), (0.02, 0.995)], "n1-k6": NEAR_BLIND,
@@ -323,12 +371,22 @@ def _(monkeypatch):
     monkeypatch.setattr(hdt.StartValidation, "on_train_start", lambda *a: None)
 
 
+@mutant("hd-continued-from-scratch")  # a continued cell's streams built on a fresh random backbone, not the trained one
+def _(monkeypatch):
+    from scalelab.train import hidden_decoding_continued as hdc
+
+    real = hdc.streams_phase
+    monkeypatch.setattr(hdc, "streams_phase", lambda hd, cell, out_dir: real(hd, cell, out_dir).model_copy(
+        update={"source": hd.source, "source_dep": hd.source_dep}))
+
+
 P = "tests/test_hd_parity.py::"
 CAUGHT = [
     ("hd-parity-control-off", f"{P}test_the_parity_ledger_waits_for_its_positive_control_and_room"),
     ("hd-parity-windows-unaligned", f"{P}test_every_window_is_whole_blocks"),
     ("hd-answers-every-target", f"{P}test_answer_metrics_read_the_answer_tokens_only"),
     ("hd-start-validation-off", f"{P}test_a_parity_cell_trains_a_seeded_random_backbone_on_its_task"),
+    ("hd-continued-from-scratch", f"{P}test_a_continued_cell_adds_its_streams_to_the_backbone_it_trained"),
 ]
 
 

@@ -6,12 +6,14 @@ Each cell of the study is one arm at one K (its `bits`; the study's params.yaml,
 its metrics the answer token's loss and accuracy on validation windows of whole blocks (scalelab.data.parity_task;
 floor 0, blind ln 2). An arm is what a cell is but its K: `n1`, `pause` (one stream, K pause tokens before the
 answer), `pause_hints` (the same, its pauses trained on threshold hints), `n2`, `n4` (SFA), `n2full`, `n4full` (full
-attention). The positive control is `pause_hints` where a study runs it, else `pause`. What a seed's arm solves is read two ways:
+attention), each of those with `cont` when continued from a one-stream backbone it trained first (`backbone_steps`,
+the same steps in all). The positive control is `pause_hints` where a study runs it, else `pause`. What a seed's arm solves is read two ways:
     largest K solved     the largest K of the ladder with answer accuracy ≥ SOLVED (the table; an integer per seed)
     solved score         Σ over the K ladder of the fraction of the blind → floor answer gap closed,
                          (ln 2 − loss_K) / ln 2: a continuous count of K's solved, the claims' metric (an integer
                          count ties across seeds, which the ledger's rule cannot read)
-Claims (paired by seed, scalelab.analysis.claims): n > 1 solves more than n = 1 (SFA and full attention at each n);
+Claims (paired by seed, scalelab.analysis.claims): n > 1 solves more than n = 1 (SFA and full attention at each n,
+from scratch and continued);
 the gain grows from n = 2 to n = 4; SFA keeps ≥ sfa_fraction of full attention's gain. Premises at the K compared
 (the ladder's largest; hd_premises.parity_premises): room (n = 1 stays near ln 2) and the positive control (the pause
 arm solves it in every seed); for the growth and SFA claims also the gain they are measured against.
@@ -41,7 +43,7 @@ def arm_of(c: CellConfig) -> str:
     if c.pauses:
         return HINTED if c.hints else PAUSE
     tags = [c.attention if c.attention != "sfa" else "", c.tables if c.tables != "separate" else "",
-            c.start if c.start != "open" else ""]
+            c.start if c.start != "open" else "", "cont" if c.backbone_steps else ""]
     return f"n{c.n_streams}{''.join(tags)}"
 
 
@@ -107,14 +109,16 @@ def largest_solved(cells: Cells, arm: str, seed: int, ks: list[int]) -> int | No
 
 def gains(cells: Cells, arms: dict[str, CellConfig], ks: list[int]) -> dict[str, dict[int, list[float]]]:
     """Per-seed solved(arm) − solved(n = 1) of the Hidden Decoding arms (separate tables, the open start), by
-    attention and n, paired by seed."""
+    attention ("sfa", "full"; "sfa_cont", "full_cont" continued from a one-stream backbone) and n, paired by seed."""
     if "n1" not in cells:
         raise ValueError("the parity probe needs its n = 1 arm")
-    out: dict[str, dict[int, list[float]]] = {"sfa": {}, "full": {}}
+    out: dict[str, dict[int, list[float]]] = {"sfa": {}, "full": {}, "sfa_cont": {}, "full_cont": {}}
     for arm, c in sorted(arms.items()):
-        if c.n_streams > 1 and arm == f"n{c.n_streams}{'' if c.attention == 'sfa' else c.attention}":
+        cont = "cont" if c.backbone_steps else ""
+        if c.n_streams > 1 and arm == f"n{c.n_streams}{'' if c.attention == 'sfa' else c.attention}{cont}":
             seeds = [s for s in seeds_of(cells, arm, ks) if s in seeds_of(cells, "n1", ks)]
-            out[c.attention][c.n_streams] = [score(cells, arm, s, ks) - score(cells, "n1", s, ks) for s in seeds]
+            kind = f"{c.attention}_cont" if cont else c.attention
+            out[kind][c.n_streams] = [score(cells, arm, s, ks) - score(cells, "n1", s, ks) for s in seeds]
     return out
 
 
@@ -156,11 +160,12 @@ def entries(hd: HiddenDecodingConfig, files: Mapping[str, Path]) -> list[dict]:
                             regime=regime(cells, n, ks), premises=[*base, *extra])
 
     out = []
-    for kind, label in (("sfa", "SFA"), ("full", "full attention")):
+    for kind, label, tag in (("sfa", "SFA", ""), ("full", "full attention", "full."),
+                             ("sfa_cont", "SFA, continued from n = 1", "cont."),
+                             ("full_cont", "full attention, continued from n = 1", "cont.full.")):
         for n, diffs in sorted(g[kind].items()):
-            tag = "" if kind == "sfa" else "full."
             out.append(entry(f"C.parity.gain.{tag}n{n}", f"n = {n} ({label}) solves a larger K than n = 1", metric,
-                             diffs, n, published=hdr.PUBLISHED if kind == "sfa" else hdr.PUBLISHED_SFA))
+                             diffs, n, published=hdr.PUBLISHED if kind.startswith("sfa") else hdr.PUBLISHED_SFA))
     ns = sorted(g["sfa"])
     for lo, hi in zip(ns, ns[1:]):
         ref = hdp.shown(f"gain at n = {lo}", g["sfa"][lo], level, f"n = {lo} solves more than n = 1")

@@ -137,7 +137,11 @@ class CellConfig(StreamsConfig):
     so it keeps its function while the hidden streams find a use (beyond the sources; n > 1). `table_lr`, `gate_lr`:
     base learning rates of what Hidden Decoding adds, the extra tables and a gated start's gates, the backbone keeping
     `train.optimizer`'s; the schedule scales every one (n > 1). A gate is one scalar that AdamW moves by about its
-    learning rate a step, so at the backbone's CPT rate it cannot open within a short run."""
+    learning rate a step, so at the backbone's CPT rate it cannot open within a short run.
+    `backbone_steps` (a probe's n > 1 cell): continued from a trained one-stream backbone. The cell first trains
+    n = 1 on its own task from the seed's random backbone for that many steps, then adds its streams to it and trains
+    the rest of `train.max_steps`, so it spends the same steps as a cell trained from scratch
+    (scalelab.train.hidden_decoding_continued)."""
 
     flops_of: StreamsConfig | None = None
     bits: PosInt | None = None
@@ -149,9 +153,16 @@ class CellConfig(StreamsConfig):
     table_warmup: NonNegInt = 0
     table_lr: PosFloat | None = None
     gate_lr: PosFloat | None = None
+    backbone_steps: NonNegInt = 0
 
     @model_validator(mode="after")
     def _check(self) -> "CellConfig":
+        if self.backbone_steps and self.n_streams == 1:
+            raise ValueError(f"backbone_steps {self.backbone_steps} with n_streams 1: a cell continued from a "
+                             "one-stream backbone adds streams to it")
+        if self.backbone_steps and (self.forward_only or self.flops_of is not None):
+            raise ValueError(f"backbone_steps {self.backbone_steps} with forward_only or flops_of: a continued cell "
+                             "spends the base budget, part of it on its backbone")
         if self.pauses and self.n_streams > 1:
             raise ValueError(f"pauses {self.pauses} with n_streams {self.n_streams}: pause tokens are the one-stream "
                              "control")
@@ -297,6 +308,13 @@ class HiddenDecodingConfig(Strict):
             raise ValueError(f"hidden_decoding.cells {stray}: " + (
                 "the parity corpus needs each cell's bits (K)" if parity else
                 "bits and pauses belong to the parity corpus (set train.corpus: parity)"))
+        if long := [c for c, v in self.cells.items() if v.backbone_steps >= self.train.max_steps]:
+            raise ValueError(f"hidden_decoding.cells {long}: backbone_steps must be below train.max_steps "
+                             f"({self.train.max_steps}): the backbone's steps are part of the cell's budget")
+        if (cont := [c for c, v in self.cells.items() if v.backbone_steps]) and not self.random_init():
+            raise ValueError(f"hidden_decoding.cells {cont}: backbone_steps continues a one-stream model this cell "
+                             "trains itself from a random backbone (source: {init: {...}}); a trained source is "
+                             "continued by every cell already")
         if parity and not self.random_init():
             raise ValueError("hidden_decoding.train.corpus parity: the task has its own vocabulary, so the backbone "
                              "is a random one (source: {init: {...}})")
