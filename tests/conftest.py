@@ -191,6 +191,26 @@ def micro_params():
     return load_params(MICRO)
 
 
+# workspace.MLFLOW_DB_ENV, spelled out: an autouse fixture must not import workspace (tests/test_hardening.py runs a copy
+# of this conftest in a folder of its own, where there is none)
+MLFLOW_DB_ENV = "SCALELAB_TEST_MLFLOW_DB"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def mlflow_db(tmp_path_factory):
+    """Where the test run's migrated MLflow store goes (workspace.seed_mlflow_store builds it there on first use, so
+    a run that makes no workspace never imports MLflow for it): the xdist workers share it (their basetemps' common
+    folder), one per MLflow version."""
+    from importlib.metadata import version
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    db = shared / f"mlflow-{version('mlflow')}.db"
+    os.environ[MLFLOW_DB_ENV] = str(db)
+    yield db
+    os.environ.pop(MLFLOW_DB_ENV, None)
+
+
 @pytest.fixture(scope="session")
 def prefect_db(tmp_path_factory):
     """A Prefect database migrated once per test run, for every Prefect home the tests start a server on

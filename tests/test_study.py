@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from workspace import MICRO, seed_prefect_home, workspace_copy
+from workspace import MICRO, seed_mlflow_store, seed_prefect_home, workspace_copy
 
 from scalelab.study import cells, costs, gate, grid, spec
 
@@ -345,7 +345,7 @@ def test_a_study_killed_mid_cell_finishes_from_a_fresh_clone_without_recomputing
     rng = random.Random(7)
     base = tmp_path / "base"
     env = _project(base)
-    mlflow = tmp_path / "mlflow.db"
+    mlflow = seed_mlflow_store(tmp_path / "mlflow.db")  # the three clones' one store
 
     ref = tmp_path / "reference"
     ref_env = _clone(base, ref, env, mlflow)

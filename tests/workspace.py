@@ -3,8 +3,11 @@ import, unlike conftest)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +17,10 @@ MICRO = ROOT / "tests" / "micro_params.yaml"
 # A Prefect database already migrated by this Prefect (tests/conftest.py's `prefect_db` builds one per test run): a
 # server started on a fresh home otherwise spends ~6 CPU s in Prefect's migrations, and the suite started ~8 of them.
 PREFECT_DB_ENV = "SCALELAB_TEST_PREFECT_DB"
+# Where the test run's migrated MLflow store is (tests/conftest.py sets it; seed_mlflow_store builds it on first use):
+# a workspace's first tracked stage otherwise creates its store, MLflow's migrations (~0.6-1.8 CPU s, ~5.5 s wall on a
+# disk /tmp), and the suite creates dozens of workspaces.
+MLFLOW_DB_ENV = "SCALELAB_TEST_MLFLOW_DB"
 
 
 def seed_prefect_home(home: Path, name: str = "prefect.db") -> Path:
@@ -24,6 +31,30 @@ def seed_prefect_home(home: Path, name: str = "prefect.db") -> Path:
     if (db := os.environ.get(PREFECT_DB_ENV)) and not (home / name).exists():
         shutil.copyfile(db, home / name)
     return home
+
+
+def seed_mlflow_store(db: Path) -> Path:
+    """`db` as a copy of the test run's migrated MLflow store, unless it exists. Without one (a benchmark run on its
+    own) nothing is written: the first tracked stage creates the store, as a user's first run does."""
+    if not (seed := os.environ.get(MLFLOW_DB_ENV)) or db.exists():
+        return db
+    seed = Path(seed)
+    if not seed.exists():  # built once per test run, by the first process to need it (the xdist workers share it)
+        with open(seed.with_name(f"{seed.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not seed.exists():
+                from scalelab.tracking.store import _create_sqlite_store
+
+                _create_sqlite_store(seed)  # the production code path: the schema a stage would create
+    db.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(seed, db)
+    # MLflow's "Default" experiment (id 0) records <creating process's cwd>/mlruns/0 as its artifact folder; a stage
+    # creating the store runs in its workspace. Nothing of scalelab logs there (its own experiment keeps artifacts
+    # beside the store), but the copy must not point into the folder the seed was built from.
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                    (str(db.parent / "mlruns" / "0"),))
+    return db
 
 
 def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[str, str]:
@@ -49,4 +80,5 @@ def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[st
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=ws, env=env, check=True, capture_output=True)
+    seed_mlflow_store(ws / "mlflow.db")  # after the commit: a user's store is no part of the repo (.gitignore)
     return env
