@@ -299,6 +299,26 @@ def test_a_stage_that_comes_while_its_server_imports_waits_for_it(tmp_path, monk
             shutil.rmtree(folder)
 
 
+def test_a_flow_preloads_what_its_stages_import_beyond_a_cell(tmp_path):
+    """preload_for: the analysis and model-loading stages' imports, for those stages only; a server holding them still
+    serves (none of them starts a thread), and its stage finds them imported and plots as a cold process would."""
+    assert warm.preload_for(["validate", "pretrain@none-a-0"]) == warm.PRELOAD
+    extra = set(warm.preload_for(["leaderboard", "evaluate@none-c-0"])) - set(warm.PRELOAD)
+    assert extra == {"scipy.stats", "matplotlib.pyplot", "transformers:LlamaForCausalLM,Qwen3ForCausalLM"}
+    plot = ('if sys.argv[1] == "plot":\n'
+            '    print("preloaded", all(m in sys.modules for m in ("scipy.stats", "matplotlib.pyplot")))\n'
+            '    import matplotlib\n    matplotlib.use("Agg")\n    import matplotlib.pyplot as plt\n'
+            '    plt.plot([0, 1]); plt.savefig("p.png"); print("png", os.path.getsize("p.png") > 0)\n')
+    (tmp_path / "stage.py").write_text(SCRIPT.replace('if sys.argv[1] == "draw"', plot + 'if sys.argv[1] == "draw"'))
+    folder, server = warm.start(tmp_path, preload=warm.preload_for(["leaderboard"]))
+    try:
+        out, err = stage(tmp_path, folder / "warm.sock", "plot", "0").communicate("hi\n", timeout=300)
+        assert f"child-of {server.pid}" in out and "preloaded True" in out and "png True" in out, (out, err)
+    finally:
+        warm.stop(server)
+        shutil.rmtree(folder)
+
+
 def test_a_starting_marker_counts_for_a_live_server_of_that_socket_and_only_for_a_while(tmp_path):
     """What makes a stage wait (handoff.starting): the marker beside the socket names a live process that serves that
     very socket, written less than READY_S ago. A dead server (a zombie not yet reaped, or gone), a pid reused by

@@ -34,7 +34,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from scalelab.pipeline import forkcheck
@@ -46,6 +46,21 @@ from scalelab.pipeline.handoff import READY_S, STARTING, WARM_ENV, recv, send
 # classes). A preload that fails is skipped: the stage then imports it itself and meets the error there.
 PRELOAD = ("scalelab.train", "scalelab.tracking", "scalelab.model.export", "mlflow.store.tracking.sqlalchemy_store",
            "transformers:LlamaConfig,Qwen3Config,PreTrainedTokenizerFast")
+# What other stages import beyond that, measured per forked child on the micro DAG: the Hugging Face model classes
+# (~0.7 CPU s a cell: transformers' modelling, and scipy.optimize through transformers.loss), scipy.stats (~0.9 s) and
+# pyplot (~0.7 s). A flow preloads them only when it runs such a stage (`preload_for`): in every server they would
+# cost a flow of pretrain cells ~1.8 s for nothing.
+_MODELS = ("transformers:LlamaForCausalLM,Qwen3ForCausalLM",)
+_STATS, _PLOTS = ("scipy.stats",), ("matplotlib.pyplot",)
+STAGE_PRELOAD = {"evaluate": _MODELS, "compress": _MODELS, "hidden_decoding": _MODELS,
+                 "leaderboard": _STATS + _PLOTS, "compress_summary": _STATS + _PLOTS, "scaling": _PLOTS,
+                 "report": _PLOTS, "hidden_decoding_summary": _PLOTS}
+
+
+def preload_for(stages: Iterable[str]) -> tuple[str, ...]:
+    """PRELOAD and what the given stages (names, or matrix cells `stage@item`) import beyond it."""
+    extra = {spec for stage in stages for spec in STAGE_PRELOAD.get(stage.partition("@")[0], ())}
+    return PRELOAD + tuple(sorted(extra))
 
 
 # ---------------------------------------------------------------- server
@@ -239,17 +254,17 @@ def _reexec(path: str, preload: tuple[str, ...], parent: int | None, env: dict[s
 
 @contextlib.contextmanager
 def server(cwd: str | os.PathLike, log: Callable[[str], None] = print, env: dict[str, str] | None = None,
-           wait: bool = False) -> Iterator[dict[str, str]]:
+           wait: bool = False, preload: tuple[str, ...] = PRELOAD) -> Iterator[dict[str, str]]:
     """A server for stage processes started from `cwd`, alive while the caller is: yields the environment that points
     stages at it at once, while it imports (a stage that comes meanwhile waits for it: handoff's STARTING); with
     `wait`, once it serves (at most READY_S later; a failed start yields all the same: its stages run cold). It runs
     with one thread per library, each stage then sets its own share (SCALELAB_THREADS): OpenBLAS would otherwise
     start a thread pool at import, which a fork does not carry. It imports what a stage run with `env` (default: this
-    process's) would. At the end, `log` gets its report."""
+    process's) would, and `preload` (`preload_for` the stages it will serve). At the end, `log` gets its report."""
     import shutil
     import time
 
-    tmp, proc = start(cwd, env)
+    tmp, proc = start(cwd, env, preload=preload)
     sock = tmp / "warm.sock"
     try:
         deadline = time.monotonic() + READY_S
