@@ -194,6 +194,7 @@ def micro_params():
 # workspace.MLFLOW_DB_ENV, spelled out: an autouse fixture must not import workspace (tests/test_hardening.py runs a copy
 # of this conftest in a folder of its own, where there is none)
 MLFLOW_DB_ENV = "SCALELAB_TEST_MLFLOW_DB"
+CHECKED_ENV = "SCALELAB_TEST_CHECKED"  # workspace.CHECKED_ENV, likewise
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -207,8 +208,11 @@ def mlflow_db(tmp_path_factory):
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     db = shared / f"mlflow-{version('mlflow')}.db"
     os.environ[MLFLOW_DB_ENV] = str(db)
+    # the remembered check verdicts on the micro profile (workspace.seed_check_verdicts), shared the same way
+    os.environ[CHECKED_ENV] = str(shared / "checked.json")
     yield db
     os.environ.pop(MLFLOW_DB_ENV, None)
+    os.environ.pop(CHECKED_ENV, None)
 
 
 @pytest.fixture(scope="session")

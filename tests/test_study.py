@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from workspace import MICRO, seed_mlflow_store, seed_prefect_home, workspace_copy
+from workspace import MICRO, seed_check_verdicts, seed_mlflow_store, seed_prefect_home, workspace_copy
 
 from scalelab.study import cells, costs, gate, grid, spec
 
@@ -291,6 +291,7 @@ def test_costs_eta_and_what_a_budget_starts():
 # ---------------------------------------------------------------- slow: kill -9 mid-cell, finish from a clone
 def _clone(base: Path, dest: Path, env: dict[str, str], mlflow: Path) -> dict[str, str]:
     subprocess.run(["git", "clone", "-q", str(base), str(dest)], check=True, capture_output=True)
+    seed_check_verdicts(dest, env)  # as workspace_copy does: a clone has no .cache/
     return env | {"SCALELAB_ROOT": str(dest), "MLFLOW_TRACKING_URI": f"sqlite:///{mlflow}",
                   "PYTHONPATH": str(dest / "src"), "PREFECT_HOME": str(seed_prefect_home(dest / ".prefect")),
                   "PYTHONUNBUFFERED": "1"}

@@ -21,6 +21,11 @@ PREFECT_DB_ENV = "SCALELAB_TEST_PREFECT_DB"
 # a workspace's first tracked stage otherwise creates its store, MLflow's migrations (~0.6-1.8 CPU s, ~5.5 s wall on a
 # disk /tmp), and the suite creates dozens of workspaces.
 MLFLOW_DB_ENV = "SCALELAB_TEST_MLFLOW_DB"
+# Where the test run's remembered `scalelab check` verdicts on the micro profile are (tests/conftest.py sets it;
+# seed_check_verdicts builds them on first use): a workspace's first DVC command or flow otherwise builds every
+# optimizer of the profile (torch and pytorch-optimizer imported in a child: ~6 CPU s), the same verdict in each of the
+# suite's ~15 micro workspaces, since a verdict's key is the params' and the code's content (scalelab.pipeline.check).
+CHECKED_ENV = "SCALELAB_TEST_CHECKED"
 
 
 def seed_prefect_home(home: Path, name: str = "prefect.db") -> Path:
@@ -57,6 +62,33 @@ def seed_mlflow_store(db: Path) -> Path:
     return db
 
 
+def seed_check_verdicts(ws: Path, env: dict[str, str]) -> None:
+    """`ws`'s remembered check verdicts (scalelab.pipeline.check.STAMP), unless it has some, as a copy of the test
+    run's: those of the micro profile, built by the first micro workspace to need them, which runs the check itself as
+    a user's first command does (under a lock the xdist workers share; a check that fails leaves no seed). Other params
+    find their optimizers' verdict there when their `optim` is the profile's; what else they hold is checked as usual.
+    Without the variable (a benchmark run on its own) nothing is written."""
+    stamp = ws / ".cache" / "scalelab" / "checked.json"
+    if not (seed := os.environ.get(CHECKED_ENV)) or stamp.exists():
+        return
+    seed = Path(seed)
+    if not seed.exists():
+        if (ws / "params.yaml").read_bytes() != MICRO.read_bytes():
+            return
+        with open(seed.with_name(f"{seed.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not seed.exists():
+                res = subprocess.run([sys.executable, "-m", "scalelab.pipeline.check"], cwd=ws, env=env,
+                                     capture_output=True, text=True)
+                if res.returncode != 0 or not stamp.is_file():
+                    return  # the workspace's own commands will say what is wrong
+                shutil.copyfile(stamp, seed.with_name(f".{seed.name}.tmp"))
+                os.replace(seed.with_name(f".{seed.name}.tmp"), seed)
+                return
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(seed, stamp)
+
+
 def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[str, str]:
     """The code of `code` as it is now (tracked or not, without results) in a fresh git repo at `ws`, with `params`
     as params.yaml; returns the environment its stages run in: its own root and MLflow store, this venv first on
@@ -84,4 +116,5 @@ def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[st
                 [*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=ws, env=env, check=True, capture_output=True)
     seed_mlflow_store(ws / "mlflow.db")  # after the commit: a user's store is no part of the repo (.gitignore)
+    seed_check_verdicts(ws, env)  # likewise .cache/
     return env
