@@ -152,3 +152,20 @@ def test_a_study_stopped_before_its_first_cell_ended_keeps_its_readme_blocks_for
     (folder / "params.yaml").write_text((root / "configs" / "hd-cpt.yaml").read_text())
     text = ledger.refresh_readme(study, tmp_path).read_text()
     assert gap not in text and "| cell | tokens | loss(cell) − loss(n = 1)" in text
+
+
+def test_study_json_names_short_params_and_the_spec_for_long_ones(tmp_path):
+    """study.json's `profile` (what every table naming the study prints) lists a spec's params when they are short, and
+    names the spec file when they are not: hd-parity-hints-8k's cells, listed whole, made one line of the README's
+    decided table over a thousand characters."""
+    from scalelab.study import ledger, spec
+
+    root = RESULTS.parent
+    long = spec.load(root, "hd-parity-hints-8k")
+    short = long.__class__(**{**vars(long), "params": {"hidden_decoding.train.max_steps": 8000}})
+    profile = "configs/hd-parity-hints.yaml with "
+    for study, want in ((short, profile + "hidden_decoding.train.max_steps=8000"),
+                        (long, profile + "the params of configs/studies/hd-parity-hints-8k.yaml")):
+        (tmp_path / "results" / study.name).mkdir(parents=True, exist_ok=True)
+        ledger.update_study_json(study, tmp_path, [], ran=True)
+        assert json.loads((tmp_path / "results" / study.name / "study.json").read_text())["profile"] == want
