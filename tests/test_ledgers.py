@@ -69,6 +69,27 @@ def test_a_study_in_progress_decides_nothing(tmp_path):
     assert studies.read_study(folder)["entries"] == [entry]
 
 
+def test_the_ledger_check_reads_past_a_study_without_a_ledger(tmp_path, monkeypatch, capsys):
+    """`python -m scalelab.analysis.studies` over every folder: a study whose spec decides no claim (no ledger, no
+    generator, as hd-cpt-start) is named and passed, the studies after it are still checked (it raised ValueError
+    at the first such folder), and a ledger that no generator can re-derive fails the check."""
+    entry = claims.observation("x", "a claim", "loss", 1.0, 1, "none", regime=claims.regime("test"), why="a test")
+    base = {"profile": "p", "seeds": [0], "commit": "c", "wall_time_s": 1.0}
+    for name, extra in (("a-table", {}), ("b-ledger", {"ledger": "claims_b.json", "generator": "fake:ledger"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / studies.STUDY).write_text(json.dumps({"name": name, **base, **extra}))
+    claims.write_claims(tmp_path / "b-ledger" / "claims_b.json", [entry])
+    monkeypatch.setattr(studies, "generator", lambda spec: lambda folder: [entry])
+    folders = [str(tmp_path / "a-table"), str(tmp_path / "b-ledger")]
+    assert studies.main(folders) == 0
+    out = capsys.readouterr().out
+    assert "a-table: no ledger to regenerate" in out and "b-ledger: matches its committed ledger" in out, out
+    assert studies.main(["--write", *folders]) == 0  # --write passes it too, and writes the others
+    assert "b-ledger: wrote" in capsys.readouterr().out
+    (tmp_path / "b-ledger" / studies.STUDY).write_text(json.dumps({"name": "b", **base, "ledger": "claims_b.json"}))
+    assert studies.main(folders) == 1  # a ledger nothing re-derives is not passed as a table
+
+
 def test_the_rule_applies_premises_before_the_interval():
     reg = claims.regime("0.12B, 20 tokens/param", params=10_000, tokens=2_600, paper_tokens_per_param=20,
                         scope="paper")

@@ -223,10 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     folders = args.folders or [f for f in sorted(Path("results").iterdir()) if (f / STUDY).is_file()]
     stale = 0
     for folder in folders:
+        meta = json.loads((folder / STUDY).read_text())
+        if "generator" not in meta:  # a study whose spec decides no claim (hd-cpt-start): its README is its result
+            print(f"{folder}: no ledger to regenerate ({STUDY} names no generator: "
+                  f"{TABLE_ONLY if 'ledger' not in meta else 'its ledger cannot be re-derived'})")
+            stale += "ledger" in meta  # a ledger nothing can re-derive breaks the contract; a table does not
+            continue
         if args.write:
             print(f"{folder}: wrote {write_ledger(folder)}")
             continue
-        meta = json.loads((folder / STUDY).read_text())
         same = json.loads(json.dumps(regenerate(folder))) == ledger_rules.read_claims(folder / meta["ledger"])
         stale += not same
         print(f"{folder}: {'matches' if same else 'differs from'} its committed ledger")
