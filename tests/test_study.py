@@ -192,6 +192,29 @@ def test_plan_budget_and_stale_cells(project, tmp_path, capsys, monkeypatch):
     assert not old.exists() and new.exists() and cells.classify(g, cells.read(results))[2].state == cells.DONE
 
 
+def test_a_study_run_that_keeps_no_cell_writes_nothing_in_its_results(project, tmp_path, capsys, monkeypatch):
+    """`scalelab study NAME` with every selected cell done (or stale, not refreshed) runs no flow and leaves
+    results/NAME byte for byte as committed: it rewrote README.md, cells/index.json and study.json from today's code
+    (hd-cpt-start's committed README changed in a run that ran nothing)."""
+    from scalelab.study import run
+
+    study = spec.load(project, "micro")
+    g = grid.plan_grid(study, project)
+    results = study.folder(project)
+    shutil.rmtree(results / cells.CELLS, ignore_errors=True)  # one cell done, two missing: no ledger to write
+    _commit_cell(results, g, g.cells[0], 60.0, tmp_path)
+    committed = {"README.md": "# micro\n\nas committed\n", cells.INDEX: "[]\n", "study.json": "{}\n"}
+    for rel, text in committed.items():
+        (results / rel).write_text(text)
+    monkeypatch.setenv("SCALELAB_ROOT", str(project))
+    assert run.main(["micro", "--cells", "pretrain@none-*", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "flow:" not in out and f"{results.relative_to(project)} left as it was" in out, out
+    assert {rel: (results / rel).read_text() for rel in committed} == committed
+    for rel in committed:
+        (results / rel).unlink()
+
+
 def test_a_cell_folder_is_written_whole_or_not_at_all(project, tmp_path):
     study = spec.load(project, "micro")
     g = grid.plan_grid(study, project)

@@ -12,8 +12,8 @@ its grid, and starts the pipeline's Prefect flow there (flows/pipeline.py) on th
 stages they need, one MLflow parent run for the invocation with a child per cell. Each cell is copied into
 results/<name>/cells/ the moment DVC has recorded it in the workspace's dvc.lock, so a kill loses at most the cells
 then running (a cell killed on this machine resumes from its checkpoint); a fresh clone holding the committed cells
-runs only the others. Then the cells index, study.json, the README's generated parts and, once every cell of the
-grid has a result, the ledger are rewritten.
+runs only the others. Then, when the run kept a cell, the cells index, study.json, the README's generated parts and,
+once every cell of the grid has a result, the ledger are rewritten; a run that kept none writes nothing in results/.
 
 A cell longer than a slice (a stage the spec's `store` names) keeps its finished parts in results/<name>/store as it
 goes: it starts whenever time is left, the deadline stops it, and the next run, here or on a fresh clone holding the
@@ -244,11 +244,16 @@ def execute(study: spec.StudySpec, root: Path, args, log=print) -> int:
             log(f"not started: {plural(len(refused), 'cell')} ({why}); `scalelab study {study.name}` resumes them")
         if failed:
             log(f"not finished: {', '.join(failed)} (flow exit {code}; its log says why)")
+        if not run.persisted:  # no cell kept: results/<name> as committed. Its index, study.json and README are
+            # derived from the cells; rewritten by today's code they differed from the committed ones (a stale count,
+            # a table's format) in a run that changed no result
+            log(f"study {study.name}: ran nothing, skipped {len(sel.done)}, stale kept {len(sel.stale)}, "
+                f"left {len(left)}; {results.relative_to(root)} left as it was ({duration(time.time() - started)})")
+            return 130 if run.interrupts else 1 if failed or (code and not run.paused) else 0
         statuses = cells.classify(g, cells.read(results))
-        if run.persisted:
-            (results / grid.PARAMS_FILE).write_text((ws.path / grid.PARAMS_FILE).read_text())
+        (results / grid.PARAMS_FILE).write_text((ws.path / grid.PARAMS_FILE).read_text())
         cells.write_index(results, statuses)
-        ledger.update_study_json(study, root, statuses, ran=bool(run.persisted))
+        ledger.update_study_json(study, root, statuses, ran=True)
         missing = sum(s.state == cells.MISSING for s in statuses)
         if study.generator and not missing:
             path = ledger.write_ledger(study, root)
