@@ -69,6 +69,51 @@ def test_check_on_a_bad_params_file_exits_2_with_one_line(tmp_path, bad):
     assert ("pretrain.max_step: unknown key" if bad == "typo" else "pretrain.threads") in err, err
 
 
+# What the schema accepts and the stages could not run here (scalelab.pipeline.runnable): the params mutation, the
+# machine file, and what the one line must name (each was passed by `scalelab check` and failed a stage, issue 59)
+UNRUNNABLE = {
+    "a model name with a dot": (lambda r: r["evaluate"].update(models={"sigmascale-0.8": {"path": "m"}}), None,
+                                "evaluate.models.sigmascale-0.8: a name with a dot"),
+    "cuda without CUDA": (lambda r: None, {"compress": {"device": "cuda"}},
+                          "compress.device: cuda, but this machine has no CUDA device: for a CPU run put "
+                          "`compress: {device: cpu}` in"),
+    "a hub split offline": (lambda r: r["compress"]["eval"].update(
+        hub={"hub_id": "scalelab-tests/never-cached", "hub_config": "raw", "hub_split": "test"}), None,
+        "compress.eval.hub: scalelab-tests/never-cached/raw:test cannot be read offline"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNRUNNABLE))
+def test_check_refuses_params_this_machine_cannot_run_in_one_line(tmp_path, case):
+    """`scalelab check` on the project's dvc.yaml, offline (the suite's HF_*_OFFLINE): exit 2, one line naming the
+    setting and what to write instead. Each refusal is the mutation's: the same project without it passes."""
+    import os
+
+    mutate, machine, needle = UNRUNNABLE[case]
+    if case == "cuda without CUDA":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    raw = yaml.safe_load(MICRO.read_text())
+    raw.pop("machine")  # the file layer below is this test's machine
+    root = _project(tmp_path, yaml.safe_dump(raw))
+    (root / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    env = {**os.environ, "SCALELAB_ROOT": str(root), "SCALELAB_MACHINE": str(root / "machine.yaml"),
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    (root / "machine.yaml").write_text(yaml.safe_dump({"pretrain": {"threads": 1}}))
+    cmd = [sys.executable, "-m", "scalelab.pipeline.cli", "check"]
+    res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    mutate(raw)
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    if machine is not None:
+        (root / "machine.yaml").write_text(yaml.safe_dump(machine))
+    res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120, env=env)
+    err = res.stderr.strip()
+    assert res.returncode == 2 and len(err.splitlines()) == 1 and needle in err, (res.returncode, err)
+
+
 def test_repro_checks_params_before_it_starts_the_flow(tmp_path, monkeypatch):
     """A bad params file: exit 2, the flow never started (DVC would delete outs before a stage refuses); a good one:
     the flow starts with the options passed on."""

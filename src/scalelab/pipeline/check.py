@@ -2,7 +2,9 @@
 
     scalelab check                        # params.yaml: YAML, schema, names, every grid cell's model, the machine
                                           # settings merged in; the local inputs it names (corpus, tokenizer file);
-                                          # each optimizer of `optim` built by its library
+                                          # each optimizer of `optim` built by its library; what the schema cannot
+                                          # see (scalelab.pipeline.runnable): names DVC cannot address as params
+                                          # keys, CUDA on a machine without it, a hub split unreadable offline
     scalelab check --shards data/tokens   # also: the token shards can fill seq_len and the val windows
     scalelab check --stage                # the DVC stage `validate`: the above, then its marker file
     (the same as `python -m scalelab.pipeline.check ...`)
@@ -40,6 +42,7 @@ MARKER = Path("data/validated.json")  # the `validate` stage's out; constant con
 STAMP = Path(".cache") / "scalelab" / "checked.json"  # under the project root: the verdicts remembered
 KEEP = 32  # remembered verdicts per kind (a few profiles' worth)
 HERE = Path(__file__).resolve().parent.parent  # this scalelab: its schema's code is part of every verdict's key
+RUNNABLE = Path(__file__).resolve().with_name("runnable.py")  # the checks beyond the schema: part of it too
 
 
 def check_cells(params: Params) -> None:
@@ -179,7 +182,7 @@ def _sha(*parts: bytes) -> str:
 
 
 def _code_digest(folders: list[Path]) -> str:
-    files = sorted(p for f in folders for p in f.glob("*.py")) + [Path(__file__).resolve()]
+    files = sorted(p for f in folders for p in f.glob("*.py")) + [Path(__file__).resolve(), RUNNABLE]
     return _sha(*(p.name.encode() + p.read_bytes() for p in files))
 
 
@@ -214,12 +217,17 @@ def preflight(params_path: str | Path = "params.yaml", shards_dir: str | Path | 
     """All checks; raises ParamsError or DataError with a one-line message."""
     from scalelab import store_root
     from scalelab.config import load_params
+    from scalelab.config.machine import machine_path
+    from scalelab.pipeline import runnable
     from scalelab.pipeline.interpreter import check_project_code
 
     check_project_code()  # as the DVC stage `validate`: this interpreter runs this project's code
     params = load_params(params_path)
     check_cells(params)
+    runnable.check_keys(params, Path(params_path).resolve().parent / "dvc.yaml")
     check_inputs(params)
+    runnable.check_cuda(params, machine_path(params_path))  # torch imported only when CUDA is asked for
+    runnable.check_hub_offline(params)  # datasets imported only offline with a hub split named
     check_optimizers(params, store_root())
     path = Path(params_path)  # remembered for DVC's hook (dvc_preflight), which reads the same key
     _remember(store_root(), "params", _params_key(path, path.read_bytes()), {"inputs": required_inputs(params)})
@@ -240,6 +248,9 @@ def dvc_preflight(root: Path, overrides: list[str] = ()) -> None:
         return
     params = _parse(params_file, text)
     check_cells(params)
+    from scalelab.pipeline.runnable import check_keys
+
+    check_keys(params, root / "dvc.yaml")  # CUDA and hub reads are the validate stage's (torch, datasets)
     check_inputs(params, root)
     optim = {k: v.model_dump(mode="json") for k, v in params.optim.items()}
     if _recall(root, "optimizers", okey := _optim_key(optim)) is None:
