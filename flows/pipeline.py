@@ -21,7 +21,9 @@ and its outs write-locked in .dvc/tmp/rwlock. So cells run concurrently as separ
 written under that lock. A stage whose files another running stage holds fails at once with a lock error (it cannot
 happen between independent stages, whose paths do not overlap); the task retries it, not counting it as a failure.
 A failed stage is retried (a crash; training resumes from its checkpoint), except when it exited with one of the
-stage's own codes for bad input (2 params, 3 data, 4 non-finite loss: DETERMINISTIC), which a retry would only repeat.
+stage's own codes for bad input (2 params, 3 data, 4 non-finite loss: DETERMINISTIC), or DVC refused it before its
+command ran for a reason the same files repeat (a params key it cannot find: failures.DVC_DETERMINISTIC), which a
+retry would only repeat.
 
 Stopping: SIGTERM or Ctrl-C stops the running stages, starts nothing more, and ends the warm server and the
 temporary Prefect server with the flow (`main`, `wait_all`). Nothing of the flow holds state a kill -9 could corrupt
@@ -126,9 +128,9 @@ def repro(stage: str, root: Path, extra_env: dict[str, str], logger) -> str:
             time.sleep(delay)
             continue
         failure = StageFailed(stage, stage_exit(returncode, tail), tail)
-        if failure.code in DETERMINISTIC:
-            logger.error(f"{stage}: exit {failure.code}, a {DETERMINISTIC[failure.code]}: not retried (the same input "
-                         "fails the same way again)")
+        if failure.why:
+            logger.error(f"{stage}: exit {failure.code}, a {failure.why}: not retried (the same input fails the same "
+                         "way again)")
         raise failure
 
 

@@ -289,6 +289,32 @@ def test_a_failed_stage_stops_what_depends_on_it(project, monkeypatch):
     assert [r.info.status for r in found] == ["FAILED"]  # the flow's parent run; b failed before opening a child
 
 
+def test_a_params_key_dvc_cannot_find_is_tried_once(project, monkeypatch):
+    """c@y's params key missing from params.yaml (as `evaluate.models.sigmascale-0.8`, which DVC reads as nested):
+    DVC refuses before the command runs and exits 255 like a crash; its message makes it deterministic, so DVC runs
+    once although the task allows retries (it ran 1 + retries times), and the task says why."""
+    root, _, _ = project
+    assert flow_mod.retries_for("c@y") > 0
+    (root / "params.yaml").write_text("value: {a: 1, b: 1, x: 1}\nfail: none\n")  # no value.y
+    attempts, real_stream = [], flow_mod._stream
+
+    def stream(cmd, cwd, env, stage, logger):
+        attempts.append(stage)
+        return real_stream(cmd, cwd, env, stage, logger)
+
+    monkeypatch.setattr(flow_mod, "_stream", stream)
+    monkeypatch.setattr(flow_mod, "changed_stages", lambda root: None)  # DVC's status fails on the same key
+    try:
+        state = flow_mod.pipeline(targets=["c@y"], return_state=True)
+    finally:
+        write_params(root)
+    assert state.is_failed() and attempts.count("c@y") == 1, attempts
+    with get_client(sync_client=True) as client:
+        (c,) = [r for r in client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(
+            any_=[str(state.state_details.flow_run_id)]))) if r.name == "c@y"]
+    assert "(params key DVC cannot find: deterministic, not retried)" in c.state.message, c.state.message
+
+
 def test_only_crashes_and_locks_are_retried():
     """The retry rule on DVC's real message: the stage's exit code, not DVC's 255, decides."""
     from prefect.states import Failed
@@ -299,6 +325,11 @@ def test_only_crashes_and_locks_are_retried():
                for code in (1, 2, 3, 4, 255, -9)}
     assert verdict == {1: True, 2: False, 3: False, 4: False, 255: True, -9: True}
     assert flow_mod.retryable(None, None, Failed(data=OSError("crash")))
+    # DVC's own error before the command: its message decides, and only where no command ran
+    missing = ["ERROR: failed to reproduce 'c@y': Parameters 'value.y' are missing from 'params.yaml'."]
+    assert not flow_mod.retryable(None, None, Failed(data=flow_mod.StageFailed("c@y", 255, missing)))
+    crashed = [*missing, "ERROR: failed to reproduce 'b': failed to run: python stage.py b a.txt b.txt, exited with 1"]
+    assert flow_mod.retryable(None, None, Failed(data=flow_mod.StageFailed("b", 1, crashed)))
     import cloudpickle  # to Dask/Ray workers and back (this module travels by value)
 
     again = cloudpickle.loads(cloudpickle.dumps(flow_mod.StageFailed("b", 3, tail)))
