@@ -58,6 +58,7 @@ def micro_raw(**pretrain) -> dict:
                   "sgd": {"name": "sgd", "lr": 0.5, "momentum": 0.9}},
         "pretrain": {"seq_len": 32, "batch_size": 8, "max_steps": 40, "val_every": 10, "val_tokens": 1024,
                      "ckpt_every": 10, "threads": 1, "gamma_every": 10, "peak_flops": 1e11,
+                     "log_every": 1,  # every step to the tracker: the resume tests count each step's row
                      "sharpness": {"max_iters": 3},
                      "recipes": {"base": {"optimizer": "adamw"}, "muon": {"optimizer": "muon"},
                                  "sgd": {"optimizer": "sgd"}},
@@ -141,6 +142,27 @@ def test_resume_after_crash_equals_uninterrupted_run_and_reuses_mlflow_run(tmp_p
     assert (out / "model/curve.csv").read_text() == (tmp_path / "straight/model/curve.csv").read_text()
     logged = client.get_metric_history(run_id, "train/loss")
     assert sorted(m.step for m in logged) == list(range(1, 41))  # 1..20 before the crash, 21..40 after
+
+
+def test_the_tracker_gets_the_cadence_and_every_periodic_step_the_curve_every_step(tmp_path, shards):
+    """log_every 4 over 14 steps, validation every 5, γ every 7: MLflow holds the training metrics of steps 4, 8, 12,
+    the validation and γ steps and the last; curve.csv all 14. The heap is frozen while training and no longer after."""
+    import gc
+
+    class Frozen(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.count = gc.get_freeze_count()
+
+    params, cell, frozen = parse_params(micro_raw(max_steps=14, log_every=4, val_every=5, gamma_every=7)), \
+        Cell("standard", "a", "base", 0), Frozen()
+    with tracking.stage_run("pretrain-test", params={}) as run:
+        fit(params, cell, tmp_path, shards, run, callbacks=[frozen])
+    client = MlflowClient(tracking.tracking_uri())
+    steps = lambda key: sorted(m.step for m in client.get_metric_history(run.run_id, key))  # noqa: E731
+    assert steps("train/loss") == [4, 5, 7, 8, 10, 12, 14]
+    assert steps("val/loss") == [5, 10, 14] and steps("gamma_mean/input") == [7, 14]
+    assert len(list(csv.reader((tmp_path / "model/curve.csv").open()))) == 1 + 14
+    assert frozen.count > 10_000 and gc.get_freeze_count() == 0  # the imports' objects, frozen; all handed back
 
 
 def test_gradient_accumulation_matches_one_batch(tmp_path, shards):

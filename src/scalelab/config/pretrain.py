@@ -51,6 +51,9 @@ class PretrainConfig(Strict):
     # Stale checkpoints (ckpt/stale-*: other params, or a completed run moved aside by a rerun) to keep, newest first.
     # Interrupted ones are resumable under their own params and never deleted. Not part of the training config hash.
     keep_stale: NonNegInt = 2
+    # The tracker (MLflow) gets the training metrics every log_every steps, and every validation, γ and sharpness
+    # step (curve.csv keeps every step); not part of the training config hash.
+    log_every: PosInt = 10
     # No fp16: the manual-optimization loop clips and checks unscaled gradients, so it has no GradScaler.
     precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true"
     grad_clip: NonNegFloat = 1.0

@@ -37,8 +37,12 @@ class OptimizerSpec:
 
 
 def _adamw(groups: list[dict], cfg: OptimizerConfig, model: nn.Module | None = None) -> torch.optim.Optimizer:
-    # foreach: one fused kernel per op over the many small scale vectors (torch picks it by default on CUDA only).
-    kwargs = {"foreach": True, **cfg.kwargs}
+    # fused: the whole update in one kernel over every tensor, on CPU as on CUDA (torch picks foreach by default on
+    # CUDA only, and per-tensor loops on CPU). Measured at one thread: the step of the xxs/s/m models' AdamW took
+    # 1.40/3.41/7.57 ms with foreach and 0.42/1.04/1.79 ms fused, 2-5% of a study cell's step; the same update,
+    # equal to the foreach path's weights on a 3-step cell. A user's `foreach` or `differentiable` (which no fused
+    # kernel has) chooses another path.
+    kwargs = {**({} if {"foreach", "fused", "differentiable"} & cfg.kwargs.keys() else {"fused": True}), **cfg.kwargs}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kwargs)
 
 

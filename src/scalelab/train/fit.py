@@ -42,6 +42,7 @@ from scalelab.train.callbacks import (
     GammaStats, MetricsFile, NonFiniteGuard, Progress, StepCheckpoint, Throughput, Validation,
 )
 from scalelab.train.datamodule import TokenDataModule
+from scalelab.train.heap import FrozenHeap
 from scalelab.train.module import LitLM
 from scalelab.train.resume import claim_ckpt_dir, find_resumable, resume_run_id  # noqa: F401  (re-exported)
 from scalelab.train.sharpness import Sharpness
@@ -83,7 +84,7 @@ def config_hash(params: Params, cell: Cell, shards_dir: str | Path) -> str:
         "recipe": recipe.model_dump(mode="json"),
         "optimizer": params.optim[recipe.optimizer].model_dump(mode="json"),
         # where it runs is no part of the trajectory: a checkpoint resumes on another machine's threads or devices
-        "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes", "keep_stale",
+        "pretrain": params.pretrain.model_dump(mode="json", exclude={"grid", "recipes", "keep_stale", "log_every",
                                                                      *MACHINE_KEYS["pretrain"]}),
         "seed": cell.seed,
         "data": data,
@@ -140,6 +141,16 @@ def peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.device = 
             return own
         if table := get_available_flops(device, dtype):
             return float(table)
+    key = (dtype, str(device), torch.get_num_threads(), repeats, seconds)
+    if key not in _MEASURED:  # once a process: 0.17 s a measurement, else paid by every fit of a sweep cell
+        _MEASURED[key] = _measure_peak(dtype, device, repeats, seconds)
+    return _MEASURED[key]
+
+
+_MEASURED: dict[tuple, float] = {}
+
+
+def _measure_peak(dtype: torch.dtype, device: torch.device, repeats: int, seconds: float) -> float:
     n = 4096 if device.type == "cuda" else 512
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -224,7 +235,7 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
     throughput = Throughput(tokens_per_step, model.flops_per_token(pre.seq_len), peak)
     gamma = GammaStats(pre.gamma_every, total)
     curve = MetricsFile(tokens_per_step, pre.ckpt_every, total, logged_file=out_dir / "ckpt" / "metrics_logged.json",
-                        run_id=run.run_id if run is not None else None)
+                        run_id=run.run_id if run is not None else None, log_every=pre.log_every)
     sharpness = Sharpness(pre.sharpness, total)
     logger = run.lightning_logger() if run is not None and rank_zero_only.rank == 0 else None
     name, tty = f"{cell.variant}-{cell.size}-{cell.recipe}-{cell.seed}", sys.stdout.isatty()
@@ -233,7 +244,7 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
         accelerator=pre.accelerator, devices=pre.devices, num_nodes=pre.num_nodes, strategy=pre.strategy,
         precision=pre.precision, max_epochs=1, max_steps=-1,  # the stream ends at total_steps
         # Throughput first (its timer stops before the others' work), the checkpoint last.
-        callbacks=[throughput, NonFiniteGuard(), Validation(pre.val_every, total), sharpness, gamma, curve,
+        callbacks=[throughput, FrozenHeap(), NonFiniteGuard(), Validation(pre.val_every, total), sharpness, gamma, curve,
                    *progress, *callbacks, StepCheckpoint(out_dir / "ckpt", pre.ckpt_every, total)],
         logger=logger or False, default_root_dir=out_dir, enable_progress_bar=tty,
         enable_model_summary=False, use_distributed_sampler=False,
