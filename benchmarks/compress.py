@@ -19,7 +19,8 @@ Reported, as JSON lines with their goals:
   cancellation).
 
 The map is the down projection (576 × 1536) of SmolLM2-135M's first block, at compress.source (stage import_model),
-with calibration statistics of random token windows; without the model the benchmark stops with one line.
+with calibration statistics of random token windows; where that stage has not run, the packaged GGUF is imported
+into a temporary folder first (as benchmarks/zeroshot.py does).
 
     python benchmarks/compress.py [--params params.yaml] [--steps 30] [--keep 0.75] [--threads 1]
 """
@@ -42,6 +43,28 @@ from scalelab.config import load_params
 MAP = "layers.0.mlp.down_proj"
 
 
+def packaged(location: Path) -> Path:
+    """A packaged model (stage import_model's source, the GGUF of a wheel) imported into a temporary folder, kept for
+    this process, when its import_model stage has not run; one line and exit 2 when no package holds it."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from scalelab.model.gguf import GGUFNotFound, gguf_file, import_gguf
+
+    try:
+        gguf = gguf_file(location.name)
+    except GGUFNotFound as err:
+        print(f"benchmarks/compress.py: no model at compress.source ({location}) and no packaged one: {err}",
+              file=sys.stderr)
+        sys.exit(2)
+    out = Path(tempfile.mkdtemp(prefix="bench-compress-")) / location.name
+    atexit.register(shutil.rmtree, out.parent, True)
+    import_gguf(gguf, out)
+    print(f"benchmarks/compress.py: {location} not built; imported {gguf.name} into {out}", file=sys.stderr)
+    return out
+
+
 def the_map(params) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(W, C = XXᵀ, description) of SmolLM2's first down projection; exits with one line when the model is absent."""
     import numpy as np
@@ -50,8 +73,7 @@ def the_map(params) -> tuple[torch.Tensor, torch.Tensor, str]:
 
     location = params.compress.source.location()
     if not Path(location, "config.json").is_file():
-        sys.exit(f"benchmarks/compress.py: no model at compress.source ({location}); build it with "
-                 "`dvc repro import_model`")
+        location = packaged(Path(location))
     model = load_causal_lm(location)
     names = [n for n, _ in model.named_modules() if n.endswith(MAP)]
     if not names:
