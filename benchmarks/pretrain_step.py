@@ -11,7 +11,11 @@
 3. MFU of the bare step at the largest size (alone, the profile's threads) against the fp32 matmul peak measured in
    the same run: a fixed target, goal ≥ MFU_GOAL (0.1; 0.30 measured on 2 shared cores when it was set).
 
-    python benchmarks/pretrain_step.py [--params params.yaml] [--steps 40] [--sizes xxs xs] [--alone]
+    python benchmarks/pretrain_step.py [--params params.yaml] [--steps 40] [--sizes xxs xs] [--alone] \
+        [--rates benchmarks/rates.json]
+
+With --rates, part 1's Lightning rates (tokens/s by size and recipe) and a fit's fixed cost are written there: the
+rates `scalelab study --plan` estimates pretrain cells with (scalelab.study.costs.Rates).
 """
 
 from __future__ import annotations
@@ -123,22 +127,42 @@ def neighbour(params_path: str, shards: Path, size: str, recipe: str, alone: boo
         proc.wait()
 
 
-def lightning_vs_bare(bench, cell: Cell, work: Path, sdir: Path, shards, repeats: int, steps: int) -> tuple[float, float]:
-    """Each side's fastest median step over `repeats` interleaved runs (seconds): Lightning's fit, the bare loop."""
+def lightning_vs_bare(bench, cell: Cell, work: Path, sdir: Path, shards, repeats: int,
+                      steps: int) -> tuple[float, float, float]:
+    """Each side's fastest median step over `repeats` interleaved runs (seconds): Lightning's fit, the bare loop; and
+    the fit's fixed cost (its wall less its training loop: setup and export), the median over the runs."""
     from scalelab import tracking
 
-    lit, bare = [], []
+    lit, bare, setup = [], [], []
     for r in range(repeats):
         clock = StepClock()
         name = f"bench-{cell.size}-{cell.recipe}-{r}"
         with tracking.stage_run(name, params={}, experiment="scalelab-bench") as run:
-            fit(bench, cell, work / name, sdir, run, callbacks=[clock])
+            metrics = fit(bench, cell, work / name, sdir, run, callbacks=[clock])
         lit.append(statistics.median(clock.step_times()))
+        setup.append(metrics["wall_s"] - metrics["train_loop_s"])
         bare.append(statistics.median(bare_loop(bench, cell, shards.train, shards.vocab_size, steps)))
     # Interference on shared cores only adds time, and it moves whole runs: on 2 idle cores the same bare loop's
     # median step was 60.5 ms in one run and 74.4 ms in the next of the same process. The fastest run of each side
     # is the estimate interference cannot inflate.
-    return min(lit), min(bare)
+    return min(lit), min(bare), statistics.median(setup)
+
+
+def write_rates(path: Path, table: list[tuple], setup_s: float, pre, alone: bool) -> None:
+    """The Lightning side's tokens/s by size and recipe, with how they were measured (scalelab.study.costs.Rates)."""
+    import datetime
+    import platform
+
+    rates: dict[str, dict[str, float]] = {}
+    for size, recipe, _, _, tokens_per_s, *_ in table:
+        rates.setdefault(size, {})[recipe] = round(tokens_per_s, 1)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    path.write_text(json.dumps({
+        "measured": f"{datetime.date.today()} at {commit or 'no commit'} on {platform.machine()} "
+                    f"{os.cpu_count()} cores, 1 thread, {'alone' if alone else 'a second cell beside it'}",
+        "tokens_per_step": pre.batch_size * pre.seq_len, "setup_s": round(setup_s, 2), "tokens_per_s": rates,
+    }, indent=1) + "\n")
+    print(f"rates written to {path}")
 
 
 def main() -> None:
@@ -149,6 +173,8 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="*", help="default: the profile's grid sizes")
     ap.add_argument("--recipes", nargs="*", default=["base", "muon"])
     ap.add_argument("--alone", action="store_true", help="no second cell beside the measured one")
+    ap.add_argument("--rates", type=Path, help="write the Lightning rates here (benchmarks/rates.json: what "
+                    "`scalelab study --plan` estimates pretrain cells with)")
     ap.add_argument("--neighbour", nargs=3, metavar=("SHARDS", "SIZE", "RECIPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.neighbour:
@@ -169,12 +195,14 @@ def main() -> None:
         one = params.pretrain.model_copy(update={"max_steps": args.steps, "threads": 1})
         bench = params.model_copy(update={"pretrain": one})
         tokens = one.batch_size * one.seq_len
-        table = []
+        table, setups = [], []
         for size in sizes:
             for recipe in args.recipes:
                 cell = Cell(variant="standard", size=size, recipe=recipe, seed=0)
                 with neighbour(args.params, sdir, size, recipe, args.alone):
-                    lit_s, bare_s = lightning_vs_bare(bench, cell, work, sdir, shards, args.repeats, args.steps)
+                    lit_s, bare_s, setup_s = lightning_vs_bare(bench, cell, work, sdir, shards, args.repeats,
+                                                               args.steps)
+                setups.append(setup_s)
                 fpt = Transformer(params.resolve_model(size, "standard", vocab_size=shards.vocab_size)).flops_per_token(
                     one.seq_len)
                 table.append((size, recipe, lit_s, bare_s, tokens / lit_s, tokens / bare_s,
@@ -194,6 +222,8 @@ def main() -> None:
             print(f"{size:5s} {recipe:7s} {lit_s * 1e3:12.2f} {bare_s * 1e3:8.2f} {lit_s / bare_s:6.3f} {tl:7.0f} "
                   f"{tb:10.0f} {fl:7.3f} {fb:6.3f}  <= {STEP_GOAL}{'' if lit_s / bare_s <= STEP_GOAL else '  MISSED'}")
         print()
+        if args.rates:
+            write_rates(args.rates, table, statistics.median(setups), one, args.alone)
 
         # 2. unified vs standard, bare loop, interleaved; at the profile's batch and at 4x its tokens per step, since
         # the scales are applied to the weights (Projection): their cost is fixed per step and amortizes with tokens.

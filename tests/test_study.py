@@ -311,6 +311,31 @@ def test_costs_eta_and_what_a_budget_starts():
     assert est.cost(cell("pretrain@z-0", {"v": "z", "seed": 0})).seconds == 35.0
 
 
+def test_a_pretrain_cell_is_estimated_by_its_tokens_at_the_measured_rate(tmp_path):
+    """100 steps of 16 x 64 tokens and 10 validations of 4096 (at a third of a training token each), at xxs's 1000
+    tokens/s plus 2 s: 118.05 s; Muon has no rate of its own here, so base's; an unmeasured size, or a stage that
+    trains no model size, falls through to the stage's measured cells; its own seeds, measured, come first."""
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / costs.RATES).write_text(json.dumps(
+        {"measured": "today", "setup_s": 2.0, "tokens_per_s": {"xxs": {"base": 1000.0, "muon": 500.0}}}))
+    rates = costs.Rates.load(tmp_path)
+    pre = {"params.yaml": {"pretrain.seq_len": 64, "pretrain.batch_size": 16, "pretrain.max_steps": 100,
+                           "pretrain.max_tokens": None, "pretrain.val_every": 10, "pretrain.val_tokens": 4096}}
+    cell = lambda a, stage, item: grid.Cell(a, stage, item, pre, {}, {}, ())  # noqa: E731
+    est = costs.Estimator({"pretrain": 7.0}, rates)
+    est.add("pretrain@other-s-0", "pretrain", {"variant": "other", "size": "s", "seed": 0}, 50.0)
+    base = est.cost(cell("pretrain@std-xxs-0", "pretrain", {"variant": "std", "size": "xxs", "seed": 0}))
+    assert base.seconds == pytest.approx((102_400 + 40_960 / 3) / 1000 + 2) and "benchmarks/rates.json" in base.source
+    muon = est.cost(cell("pretrain_recipe@std-xxs-muon-0", "pretrain_recipe",
+                         {"variant": "std", "size": "xxs", "recipe": "muon", "seed": 0}))
+    assert muon.seconds == pytest.approx((102_400 + 40_960 / 3) / 500 + 2)
+    assert est.cost(cell("pretrain@std-m-0", "pretrain", {"variant": "std", "size": "m", "seed": 0})).seconds == 50.0
+    assert est.cost(cell("evaluate@std-xxs-0", "evaluate", {"size": "xxs", "seed": 0})).seconds is None
+    est.add("pretrain@std-xxs-1", "pretrain", {"variant": "std", "size": "xxs", "seed": 1}, 30.0)
+    assert est.cost(cell("pretrain@std-xxs-0", "pretrain", {"variant": "std", "size": "xxs", "seed": 0})).seconds == 30
+    assert costs.Rates.load(tmp_path / "elsewhere") is None
+
+
 # ---------------------------------------------------------------- slow: kill -9 mid-cell, finish from a clone
 def _clone(base: Path, dest: Path, env: dict[str, str], mlflow: Path) -> dict[str, str]:
     subprocess.run(["git", "clone", "-q", str(base), str(dest)], check=True, capture_output=True)

@@ -4,16 +4,59 @@ A cell's cost is measured wherever the study has measured one like it, from the 
 recorded (the cells of this run included, as they finish), in this order:
 1. the same cell, committed before (stale, or under other params);
 2. the cells of its stage that differ from it only in the seed (its other seeds);
-3. the cells of its stage: their median;
-then 4. the spec's `estimate_s` for the stage; else it is unknown.
+then, for a pretrain cell (its size and recipe named, its tokens in its params), 3. its tokens at the training rate
+measured for its size and recipe (`Rates`: benchmarks/rates.json, written by benchmarks/pretrain_step.py --rates);
+4. the cells of its stage: their median;
+then 5. the spec's `estimate_s` for the stage; else it is unknown.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from scalelab.study.grid import Cell
+
+RATES = Path("benchmarks/rates.json")
+TRAINING_STAGES = ("pretrain", "pretrain_recipe")  # cells whose work is pretrain.* tokens of one model size
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Tokens/s of a pretrain cell's training loop by size and recipe, as a study runs its cells (Lightning, one
+    thread, a second cell training beside it), and a fit's fixed cost in seconds (its wall less its training loop;
+    the stage process's own start, ~2.5 s, is benchmarks/cell_overhead.py's and not counted)."""
+
+    tokens_per_s: dict[str, dict[str, float]]  # size -> recipe -> tokens/s
+    setup_s: float
+    source: str  # where and when they were measured
+
+    @classmethod
+    def load(cls, root: Path) -> Rates | None:
+        path = Path(root) / RATES
+        if not path.is_file():
+            return None
+        raw = json.loads(path.read_text())
+        return cls(raw["tokens_per_s"], raw["setup_s"], f"{RATES} of {raw['measured']}")
+
+    def seconds(self, cell: Cell) -> float | None:
+        """The cell's training tokens and its validation forwards (a third of a training token's compute each) at
+        its size's rate for its recipe (base's when its recipe was not measured), plus the fixed cost; None when the
+        cell names no measured size or its params give no token budget."""
+        size, recipe = cell.item.get("size"), cell.item.get("recipe", "base")
+        rates = self.tokens_per_s.get(size) if cell.stage in TRAINING_STAGES else None
+        pre = {k.removeprefix("pretrain."): v for file in cell.params.values() for k, v in file.items()
+               if k.startswith("pretrain.")}
+        if not rates or not {"seq_len", "batch_size", "val_every", "val_tokens"} <= pre.keys():
+            return None
+        step_tokens = pre["batch_size"] * pre["seq_len"]
+        steps = pre.get("max_steps") or (pre.get("max_tokens") or 0) // step_tokens
+        if not steps:
+            return None
+        val_tokens = (steps // pre["val_every"] + (steps % pre["val_every"] > 0)) * pre["val_tokens"]
+        return (steps * step_tokens + val_tokens / 3) / rates.get(recipe, rates["base"]) + self.setup_s
 
 
 @dataclass(frozen=True)
@@ -40,14 +83,15 @@ def duration(seconds: float) -> str:
 class Estimator:
     """Costs from measured cells: `measured` is (address, stage, item, wall_s) of each, added to as cells finish."""
 
-    def __init__(self, estimate_s: dict[str, float] | None = None):
+    def __init__(self, estimate_s: dict[str, float] | None = None, rates: Rates | None = None):
         self.estimate_s = dict(estimate_s or {})
+        self.rates = rates
         self.measured: dict[str, tuple[str, dict, float]] = {}
 
     @classmethod
-    def of(cls, estimate_s: dict[str, float], records) -> Estimator:
-        """From the wall times of committed cells (scalelab.study.cells.Record)."""
-        est = cls(estimate_s)
+    def of(cls, estimate_s: dict[str, float], records, rates: Rates | None = None) -> Estimator:
+        """From the wall times of committed cells (scalelab.study.cells.Record) and the measured training rates."""
+        est = cls(estimate_s, rates)
         for r in records:
             est.add(r.address, r.meta.get("stage", ""), r.meta.get("item") or {}, r.wall_s)
         return est
@@ -64,6 +108,8 @@ class Estimator:
         alike = [w for item, w in same_stage if {k: v for k, v in item.items() if k != "seed"} == unseeded]
         if alike and "seed" in cell.item:
             return Cost(statistics.fmean(alike), f"measured: {len(alike)} other seed{'s' * (len(alike) > 1)}")
+        if self.rates is not None and (seconds := self.rates.seconds(cell)) is not None:
+            return Cost(seconds, f"estimated: its tokens at the rate of {self.rates.source}")
         if same_stage:
             n = len(same_stage)
             what = f"median of {n} {cell.stage} cells" if n > 1 else f"1 {cell.stage} cell"

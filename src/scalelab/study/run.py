@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from scalelab.study import cells, gate, grid, ledger, plan, spec
-from scalelab.study.costs import Estimator, duration, eta, plural
+from scalelab.study.costs import Estimator, Rates, duration, eta, plural
 from scalelab.study.workspace import Busy, Workspace
 
 POLL_S = 0.5
@@ -215,7 +215,7 @@ def execute(study: spec.StudySpec, root: Path, args, log=print) -> int:
         g = grid.resolve(study, ws.path, ws.path)
         cells.cleanup(results)
         records = cells.read(results)
-        est = Estimator.of(study.estimate_s, records)
+        est = Estimator.of(study.estimate_s, records, Rates.load(root))
         statuses = cells.classify(g, records)
         sel = plan.select(statuses, args.cells, args.refresh)
         log(f"study {study.name}: {plural(len(statuses), 'cell')}, {len(sel.todo)} to run (workspace {ws.path}, "
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             statuses = cells.classify(grid.plan_grid(study, root), records)
             budget = args.max_minutes * 60 if args.max_minutes is not None else None
             for line in plan.plan_lines(study.name, statuses, plan.select(statuses, args.cells, args.refresh),
-                                        Estimator.of(study.estimate_s, records),
+                                        Estimator.of(study.estimate_s, records, Rates.load(root)),
                                         args.workers or placement.default_workers(), budget, root):
                 print(line)
             return 0
