@@ -3,6 +3,7 @@ two optimizers train; the non-finite guard fails fast and keeps the last good ch
 iteration finds a known top eigenvalue; a stale checkpoint is moved aside, never resumed; MFU's FLOP count is what
 torch counts."""
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -163,6 +164,28 @@ def test_the_tracker_gets_the_cadence_and_every_periodic_step_the_curve_every_st
     assert steps("val/loss") == [5, 10, 14] and steps("gamma_mean/input") == [7, 14]
     assert len(list(csv.reader((tmp_path / "model/curve.csv").open()))) == 1 + 14
     assert frozen.count > 10_000 and gc.get_freeze_count() == 0  # the imports' objects, frozen; all handed back
+
+
+def test_lean_takes_off_only_the_per_step_hooks_a_callback_leaves_to_lightning():
+    """The hooks a class defines stay (fit's callbacks still run: the cadence test's callback above is one); the
+    per-step no-ops become None, which Lightning's dispatch skips; hooks fired once a fit are untouched."""
+    from lightning.pytorch.trainer import call
+
+    from scalelab.train.callbacks import NonFiniteGuard, Throughput
+    from scalelab.train.dispatch import PER_STEP, lean
+
+    guard, clock = lean([NonFiniteGuard(), Throughput(1, 1.0, 1.0)])
+    assert guard.on_train_batch_start is None and guard.on_after_backward is None
+    assert callable(guard.on_before_optimizer_step) and callable(guard.on_train_batch_end)
+    assert callable(clock.on_train_batch_start) and callable(clock.on_train_start) and clock.on_before_backward is None
+    assert callable(guard.on_train_start) and callable(guard.on_exception)  # not per step: left to Lightning
+    seen = []
+    trainer = SimpleNamespace(lightning_module=None, callbacks=[guard],
+                              profiler=SimpleNamespace(profile=lambda name: (seen.append(name), contextlib.nullcontext())[1]))
+    for hook in PER_STEP:
+        if hook not in ("on_train_batch_end", "on_before_optimizer_step"):
+            call._call_callback_hooks(trainer, hook)
+    assert seen == []  # no dispatch at all for the hooks it does not define
 
 
 def test_gradient_accumulation_matches_one_batch(tmp_path, shards):

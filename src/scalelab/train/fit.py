@@ -42,6 +42,7 @@ from scalelab.train.callbacks import (
     GammaStats, MetricsFile, NonFiniteGuard, Progress, StepCheckpoint, Throughput, Validation,
 )
 from scalelab.train.datamodule import TokenDataModule
+from scalelab.train.dispatch import lean
 from scalelab.train.heap import FrozenHeap
 from scalelab.train.module import LitLM
 from scalelab.train.resume import claim_ckpt_dir, find_resumable, resume_run_id  # noqa: F401  (re-exported)
@@ -244,8 +245,8 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
         accelerator=pre.accelerator, devices=pre.devices, num_nodes=pre.num_nodes, strategy=pre.strategy,
         precision=pre.precision, max_epochs=1, max_steps=-1,  # the stream ends at total_steps
         # Throughput first (its timer stops before the others' work), the checkpoint last.
-        callbacks=[throughput, FrozenHeap(), NonFiniteGuard(), Validation(pre.val_every, total), sharpness, gamma, curve,
-                   *progress, *callbacks, StepCheckpoint(out_dir / "ckpt", pre.ckpt_every, total)],
+        callbacks=lean([throughput, FrozenHeap(), NonFiniteGuard(), Validation(pre.val_every, total), sharpness, gamma,
+                        curve, *progress, *callbacks, StepCheckpoint(out_dir / "ckpt", pre.ckpt_every, total)]),
         logger=logger or False, default_root_dir=out_dir, enable_progress_bar=tty,
         enable_model_summary=False, use_distributed_sampler=False,
     )

@@ -47,6 +47,7 @@ from scalelab.train import hidden_decoding_task as probe
 from scalelab.train.callbacks import MetricsFile, NonFiniteGuard, Progress, StepCheckpoint, Throughput, Validation
 from scalelab.train.datamodule import TokenDataModule
 from scalelab.train.fit import PRECISION_DTYPE, _code_digest, _device, _peak_mem_mb, peak_flops
+from scalelab.train.dispatch import lean
 from scalelab.train.heap import FrozenHeap
 from scalelab.train.module import LitLM
 from scalelab.train.resume import claim_ckpt_dir
@@ -241,11 +242,12 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
                         run_id=run.run_id if run is not None else None)
     trainer = L.Trainer(
         accelerator=tc.accelerator, devices=tc.devices, precision=tc.precision, max_epochs=1, max_steps=-1,
-        callbacks=[throughput, FrozenHeap(), NonFiniteGuard(), StartValidation(curve), Validation(tc.val_every, total), curve,
-                   *([TableWarmup(hd.cells[cell].table_warmup)] if hd.cells[cell].table_warmup else []),
-                   *([] if sys.stdout.isatty() else [Progress(f"hidden_decoding@{cell}-{seed}", total,
-                                                              tokens_per_step)]),
-                   StepCheckpoint(out_dir / "ckpt", tc.ckpt_every, total)],
+        callbacks=lean([throughput, FrozenHeap(), NonFiniteGuard(), StartValidation(curve),
+                        Validation(tc.val_every, total), curve,
+                        *([TableWarmup(hd.cells[cell].table_warmup)] if hd.cells[cell].table_warmup else []),
+                        *([] if sys.stdout.isatty() else [Progress(f"hidden_decoding@{cell}-{seed}", total,
+                                                                   tokens_per_step)]),
+                        StepCheckpoint(out_dir / "ckpt", tc.ckpt_every, total)]),
         logger=(run.lightning_logger() if run is not None else None) or False, default_root_dir=out_dir,
         enable_progress_bar=sys.stdout.isatty(), enable_model_summary=False, use_distributed_sampler=False,
     )
