@@ -37,7 +37,8 @@ every stage it checked. The flow opens the MLflow parent run that the stages' ch
 markdown artifact linking them.
 
 Beside this file: dag.py (DVC's stage graph, what a target selects), failures.py (what is retried, stopping),
-artifact.py (the markdown artifact), runners.py (where tasks run). `scalelab repro` runs this file.
+artifact.py (the markdown artifact), runners.py (where tasks run), lifetime.py (ending with the parent, and when the
+exit path hangs). `scalelab repro` runs this file.
 """
 
 import scalelab  # noqa: I001  first: sets PREFECT_HOME, telemetry off and the MLflow URI before prefect reads them
@@ -70,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # flows/ (imported by 
 import artifact  # noqa: E402
 import dag  # noqa: E402
 import failures  # noqa: E402
+import lifetime  # noqa: E402
 import runners  # noqa: E402
 from artifact import status as _status, summary  # noqa: E402
 from dag import changed_stages, select, stage_graph  # noqa: E402  (a test patches changed_stages here)
@@ -185,6 +187,7 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     `params_file` switches the profile first (validated, then copied over params.yaml; the old one kept as .prev).
     `gpus_per_task`: what each task asks a Ray cluster for (Ray hides GPUs from tasks that ask for none)."""
     logger, root = get_run_logger(), scalelab.project_root()
+    lifetime.watch_prefect()  # a SIGTERM that Prefect's handler takes still starts the exit watchdog
     placement.STOP.clear()  # a served flow runs many times in one process (flows/serve.py)
     if params_file and Path(params_file).resolve() != (root / "params.yaml").resolve():
         profile.switch(Path(params_file), root / "params.yaml")
@@ -261,8 +264,10 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM ends this process as Ctrl-C does, through Python's exit path: Prefect's flow engine re-raises a SIGTERM
     # to the handler it found after stopping the flow, and under the default one the process died by the signal,
     # skipping the atexit hook that stops the temporary Prefect server (found alive 50 minutes later). The
-    # warm server and the stages stop on the way out (pipeline's `with` and stop_stages).
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # warm server and the stages stop on the way out (pipeline's `with` and stop_stages). A second signal, or an exit
+    # path that hangs (a dead Prefect server), and the death of the parent are lifetime's.
+    lifetime.exit_on((signal.SIGTERM, signal.SIGINT))
+    lifetime.die_with_parent()
     runner = runners.task_runner(args.runner, args.workers, args.address)
     pipeline.with_options(task_runner=runner)(targets=args.targets, downstream=args.downstream,
                                               params_file=args.params_file, workers=args.workers,

@@ -381,6 +381,54 @@ def test_an_interrupted_flow_stops_its_stages(project, monkeypatch, sig):
     assert not out.exists() or f"={7 + sig};" not in out.read_text()  # it never finished
 
 
+# A launcher that starts the flow in a session of its own, the marker in its environment only (the launcher is not
+# counted), and waits
+PARENT = ("import os, subprocess, sys, time; key, _, value = sys.argv[1].partition('='); "
+          "subprocess.Popen(sys.argv[2:], start_new_session=True, env={**os.environ, key: value}); time.sleep(600)")
+
+
+@pytest.mark.slow  # a flow process with its temporary Prefect server: ~25 s each, mostly its start
+@pytest.mark.parametrize("end", ["parent killed", "prefect server dead, then SIGTERM"])
+def test_a_flow_ends_with_its_parent_or_a_dead_server_and_leaves_no_process(project, end):
+    """The flow started in a session of its own (no signal to its parent's group reaches it), a cell running:
+    - its parent is SIGKILLed (as `timeout` ended `scalelab repro`): the flow stops and its whole tree is gone (it
+      ran on alone before PR_SET_PDEATHSIG);
+    - its temporary Prefect server is SIGKILLed, then the flow gets SIGTERM: its exit path would wait on Prefect's
+      retries of the dead server, so after the grace (5 s here) the rest of the tree is ended and the flow exits.
+    Counted: the processes carrying the test's marker, the stage's included."""
+    root, _, _ = project
+    tag = f"parent-{end[:6]}-{os.getpid()}-{time.monotonic_ns()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env |= {"STAGE_SLEEP": "120", "SCALELAB_FLOW_GRACE_S": "5"}
+    write_params(root, x=30 + len(end), y=30 + len(end))
+    (root / "started.log").unlink(missing_ok=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, f"{crash.TREE_ENV}={tag}", sys.executable, str(spec.origin),
+                               "--workers", "1"],
+                              cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while "c@" not in _read(root / "started.log") and time.monotonic() < deadline:
+            assert parent.poll() is None, "the parent ended before any cell started"
+            time.sleep(0.2)
+        assert "c@" in _read(root / "started.log"), "no cell started"
+        if end == "parent killed":
+            parent.kill()
+        else:
+            servers = [p for p in crash.marked(tag) if b"prefect" in crash._cmdline(p) and b"server" in crash._cmdline(p)]
+            assert servers, [_cmdline(p) for p in crash.marked(tag)]
+            for pid in servers:
+                os.kill(pid, signal.SIGKILL)
+            (flow,) = [p for p in crash.marked(tag) if b"pipeline.py" in crash._cmdline(p)]
+            os.kill(flow, signal.SIGTERM)
+        left = crash.wait_gone(tag, timeout=45)
+        assert not left, f"outlived: {[_cmdline(pid) for pid in left]}"
+    finally:
+        parent.kill()
+        parent.wait()
+        crash.kill_tree(tag)
+        write_params(root)
+
+
 def _cmdline(pid: int) -> str:
     try:
         return f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
