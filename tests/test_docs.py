@@ -136,6 +136,19 @@ def ledger_table(entries: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def stale_after_edit(lock: Path, folders: tuple[str, ...] = ("src/scalelab/config", "src/scalelab/optim")) -> str:
+    """How many of the committed dvc.lock's stage cells depend on `folders` (docs/howto-add-an-optimizer.md: an
+    edit there makes them stale), and the stages of those left out. `lock`: its path (not JSON or YAML by name)."""
+    import yaml
+
+    stages = yaml.safe_load(Path(lock).read_text())["stages"]
+    hit = [name for name, st in stages.items()
+           if any(d["path"] == f or d["path"].startswith(f + "/") for d in st.get("deps") or [] for f in folders)]
+    spared = sorted({name.split("@")[0] for name in stages} - {name.split("@")[0] for name in hit})
+    return (f"{len(hit)} of the default DAG's {len(stages)} stage cells (dvc.lock) as changed"
+            + (f", every one but {', '.join(f'`{s}`' for s in spared)}." if spared else "."))
+
+
 def sizes_table(*profiles: dict) -> str:
     """The model sizes of each profile (a params file, parsed): layers, width, heads, MLP width and non-embedding
     parameters, counted on the meta device from the model the code builds."""

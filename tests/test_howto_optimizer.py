@@ -12,6 +12,7 @@ import torch
 import yaml
 
 import docrefs
+from conftest import MICRO
 from scalelab.config import ParamsError, parse_params
 from scalelab.config import optim as optim_config
 from scalelab.model import Transformer
@@ -76,7 +77,22 @@ def test_the_documented_kwargs_entry_makes_a_misspelt_key_fail_first(registered)
         _params({"optim": {name: {"name": name, "lr": 3e-4, "kwargs": {"momentun": 0.9}}}})
 
 
+def test_the_documented_optimizer_keeps_its_state_through_a_resume(registered, tmp_path):
+    """The suite's round trip for every registered optimizer (tests/test_optimizers.py), on the page's: saved after 3
+    steps and loaded into a fresh one, 3 more steps equal 6 straight, with state for each parameter. The page's
+    earlier example kept no state and failed it once a user registered it."""
+    import test_optimizers as suite  # as a module: its tests are not collected here a second time
+
+    name, _ = registered
+    (snippet,) = _blocks("yaml")
+    raw = yaml.safe_load(MICRO.read_text())
+    raw["optim"] = {**raw["optim"], name: yaml.safe_load(snippet)["optim"][name]}  # as step 2 says for the suite
+    suite.test_state_dict_round_trip_continues_identically(parse_params(raw, "micro + the page"), name, tmp_path)
+
+
 def test_without_the_documented_steps_the_params_are_refused_by_name():
+    if "sign_descent" in registry.OPTIMIZERS:  # a checkout where the page was followed: nothing to refuse
+        pytest.skip("sign_descent is registered in this checkout (the page's steps are done)")
     with pytest.raises(ParamsError, match="optim.sign_descent.name: unknown optimizer 'sign_descent'"):
         _params()
     with pytest.raises(ValueError, match="unknown optimizer 'sign_descent'"):
