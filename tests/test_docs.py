@@ -149,6 +149,16 @@ def stale_after_edit(lock: Path, folders: tuple[str, ...] = ("src/scalelab/confi
             + (f", every one but {', '.join(f'`{s}`' for s in spared)}." if spared else "."))
 
 
+def rerunnable(results: Path, specs: Path) -> str:
+    """The folders of `results` with a study spec in `specs` (`scalelab study NAME` reruns them) and those without
+    (docs/howto-rerun-a-study.md)."""
+    folders = sorted(f.name for f in Path(results).iterdir() if f.is_dir())
+    have = {f.stem for f in Path(specs).glob("*.yaml")}
+    listed = lambda names: ", ".join(f"`{n}`" for n in names) or "none"  # noqa: E731
+    return (f"- with a spec: {listed([n for n in folders if n in have])};\n"
+            f"- without: {listed([n for n in folders if n not in have])}.")
+
+
 def sizes_table(*profiles: dict) -> str:
     """The model sizes of each profile (a params file, parsed): layers, width, heads, MLP width and non-embedding
     parameters, counted on the meta device from the model the code builds."""
