@@ -159,6 +159,16 @@ def rerunnable(results: Path, specs: Path) -> str:
             f"- without: {listed([n for n in folders if n not in have])}.")
 
 
+def compress_seed_cost(seed: dict) -> str:
+    """A compress cell's compute from its metrics file (docs/howto-compress-your-model.md): calibration once a seed,
+    then each method's factorisation and evaluation."""
+    cells = seed["cells"]
+    calibration = cells[0]["seconds_calibration"]
+    methods = sum(c["seconds"] for c in cells)
+    return (f"calibration {calibration:.0f} s a seed, then {methods:.0f} s for its {len(cells)} methods (factorising "
+            f"and evaluating each), about {(calibration + methods) / 60:.1f} min of compute a seed.")
+
+
 def sizes_table(*profiles: dict) -> str:
     """The model sizes of each profile (a params file, parsed): layers, width, heads, MLP width and non-embedding
     parameters, counted on the meta device from the model the code builds."""
