@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from scalelab.analysis import hd_parity
+from scalelab.analysis import claims, hd_parity
 from scalelab.analysis import hd_premises as hdp
 from scalelab.analysis.window_floor import expected_window_loss, val_phases
 from scalelab.config import HiddenDecodingConfig
@@ -255,21 +255,32 @@ NEAR_BLIND = [(0.69, 0.5), (0.688, 0.52), (0.692, 0.49)]
 SOLVED = [(0.01, 1.0), (0.02, 0.995), (0.005, 1.0)]
 
 
+def seeds(pattern: list[tuple[float, float]], n: int) -> list[tuple[float, float]]:
+    """`pattern` repeated over n seeds. The claims are exact tests on solve counts: at three seeds an arm a 3-of-3
+    against 0-of-3 solve is Fisher's one-sided p = 0.05, above the rule's 0.025, so a claim that must reproduce runs
+    five or more."""
+    return [pattern[i % len(pattern)] for i in range(n)]
+
+
 def test_the_parity_ledger_waits_for_its_positive_control_and_room(tmp_path):
     hd = ladder_config()
-    half = [(0.35, 0.8), (0.30, 0.85), (0.40, 0.75)]
-    good = {"n1-k6": NEAR_BLIND, "pause-k6": SOLVED, "n2-k6": half, "n4-k6": SOLVED, "n2full-k6": SOLVED}
+    # ten seeds: n = 2 solves in half (5 of 10 against none: Fisher p = 0.016), n = 4 and full attention in all
+    half = seeds(SOLVED, 5) + seeds(NEAR_BLIND, 5)
+    good = {"n1-k6": seeds(NEAR_BLIND, 10), "pause-k6": seeds(SOLVED, 10), "n2-k6": half, "n4-k6": seeds(SOLVED, 10),
+            "n2full-k6": seeds(SOLVED, 10)}
     entries = {e["id"]: e for e in hd_parity.entries(hd, write_cells(tmp_path / "ok", hd, good))}
-    assert entries["C.parity.gain.n2"]["verdict"] == "reproduced"
-    assert entries["C.parity.grows.n2-n4"]["verdict"] == "reproduced"
-    # SFA at n = 2 keeps about half of full attention's gain: below 80%, contradicted
-    assert entries["C.parity.sfa.n2"]["verdict"] == "contradicted"
+    assert claims.verdict_of(entries["C.parity.gain.n2"]) == "reproduced"
+    assert claims.verdict_of(entries["C.parity.grows.n2-n4"]) == "reproduced"
+    # SFA at n = 2 keeps half of full attention's solve rate: 0.3 short of 80%, within the smallest effect (0.5) of
+    # the non-inferiority claim, so not contradicted; and not shown with ten seeds either
+    assert entries["C.parity.sfa.n2"]["effect"] == pytest.approx(0.5 - 0.8)
+    assert claims.verdict_of(entries["C.parity.sfa.n2"]) == "inconclusive"
     assert {p["name"] for p in entries["C.parity.gain.n2"]["premises"]} == {"room", "positive control"}
 
-    failed_control = good | {"pause-k6": [(0.01, 1.0), (0.69, 0.5), (0.01, 1.0)]}
+    failed_control = good | {"pause-k6": [(0.69, 0.5)] + seeds(SOLVED, 9)}
     for e in hd_parity.entries(hd, write_cells(tmp_path / "nocontrol", hd, failed_control)):
         assert e["verdict"].startswith("untested (positive control: pause tokens: answer accuracy 0.500"), e
-    no_room = good | {"n1-k6": [(0.3, 0.9), (0.2, 0.95), (0.25, 0.9)]}
+    no_room = good | {"n1-k6": seeds([(0.3, 0.9), (0.2, 0.95), (0.25, 0.9)], 10)}
     assert all(e["verdict"].startswith("untested (room: ")
                for e in hd_parity.entries(hd, write_cells(tmp_path / "noroom", hd, no_room)))
     no_pause = {k: v for k, v in good.items() if not k.startswith("pause")}
@@ -283,17 +294,18 @@ def test_the_hinted_pause_arm_is_the_control_where_it_ran(tmp_path):
     the premise follows the hinted arm's accuracy, whatever the plain arm's."""
     arms = ARMS | {"pause_hints": {"pauses": True, "hints": True}}
     hd = ladder_config(arms=arms)
-    base = {"n1-k6": NEAR_BLIND, "n2-k6": SOLVED, "n4-k6": SOLVED, "n2full-k6": SOLVED}
-    plain_fails = base | {"pause-k6": NEAR_BLIND, "pause_hints-k6": SOLVED}
+    blind, solved = seeds(NEAR_BLIND, 5), seeds(SOLVED, 5)
+    base = {"n1-k6": blind, "n2-k6": solved, "n4-k6": solved, "n2full-k6": solved}
+    plain_fails = base | {"pause-k6": blind, "pause_hints-k6": solved}
     entries = hd_parity.entries(hd, write_cells(tmp_path / "a", hd, plain_fails))
-    assert all(e["verdict"] == "reproduced" for e in entries if e["id"] == "C.parity.gain.n2")
+    assert [claims.verdict_of(e) for e in entries if e["id"] == "C.parity.gain.n2"] == ["reproduced"]
     control = next(p for p in entries[0]["premises"] if p["name"] == "positive control")
     assert control["passed"] and "threshold hints: answer accuracy 0.995" in control["value"]
-    hinted_fails = base | {"pause-k6": SOLVED, "pause_hints-k6": NEAR_BLIND}
+    hinted_fails = base | {"pause-k6": solved, "pause_hints-k6": blind}
     assert all(e["verdict"].startswith("untested (positive control: pause tokens with threshold hints")
                for e in hd_parity.entries(hd, write_cells(tmp_path / "b", hd, hinted_fails)))
     table = hd_parity.largest_markdown(hd, write_cells(tmp_path / "c", hd, plain_fails))
-    assert "| pause_hints | 3 | 6, 6, 6 |" in table and "| pause | 3 | none, none, none |" in table
+    assert "| pause_hints | 5 | 6, 6, 6, 6, 6 |" in table and "| pause | 5 | none, none, none, none, none |" in table
 
 
 def test_continued_arms_are_claims_of_their_own_against_one_stream(tmp_path):
@@ -302,17 +314,18 @@ def test_continued_arms_are_claims_of_their_own_against_one_stream(tmp_path):
     arms = ARMS | {"n2cont": {"n_streams": 2, "backbone_steps": 30},
                    "n2fullcont": {"n_streams": 2, "attention": "full", "backbone_steps": 30}}
     hd = ladder_config(arms=arms)
-    results = {"n1-k6": NEAR_BLIND, "pause-k6": SOLVED, "n2-k6": NEAR_BLIND, "n4-k6": NEAR_BLIND,
-               "n2full-k6": NEAR_BLIND, "n2cont-k6": SOLVED, "n2fullcont-k6": NEAR_BLIND}
+    blind, solved = seeds(NEAR_BLIND, 5), seeds(SOLVED, 5)
+    results = {"n1-k6": blind, "pause-k6": solved, "n2-k6": blind, "n4-k6": blind,
+               "n2full-k6": blind, "n2cont-k6": solved, "n2fullcont-k6": blind}
     files = write_cells(tmp_path / "cells", hd, results)
     entries = {e["id"]: e for e in hd_parity.entries(hd, files)}
-    assert entries["C.parity.gain.cont.n2"]["verdict"] == "reproduced"
+    assert claims.verdict_of(entries["C.parity.gain.cont.n2"]) == "reproduced"
     assert "continued from n = 1" in entries["C.parity.gain.cont.n2"]["claim"]
-    assert entries["C.parity.gain.n2"]["verdict"] != "reproduced"
-    assert entries["C.parity.gain.cont.full.n2"]["verdict"] != "reproduced"
+    assert claims.verdict_of(entries["C.parity.gain.n2"]) != "reproduced"
+    assert claims.verdict_of(entries["C.parity.gain.cont.full.n2"]) != "reproduced"
     assert not any("cont" in i for i in entries if ".grows." in i or ".sfa." in i)
     table = hd_parity.largest_markdown(hd, files)
-    assert "| n2cont | 3 | 6, 6, 6 |" in table and "| n2 | 3 | none, none, none |" in table
+    assert "| n2cont | 5 | 6, 6, 6, 6, 6 |" in table and "| n2 | 5 | none, none, none, none, none |" in table
 
 
 def test_the_largest_k_solved_is_read_per_seed_and_arm(tmp_path):

@@ -50,6 +50,14 @@ def test_no_entry_claims_more_than_its_premises_allow(folder):
             assert any(p["name"] == "budget" for p in e["premises"]), f"{e['id']}: a paper-regime claim, no budget"
         if verdict == claims.REPRODUCED:
             assert e["spread"] is not None and e["n_seeds"] >= 2, f"{e['id']}: reproduced without an interval"
+        if verdict == "observation":  # measured, never decided: no smallest effect
+            assert e["smallest_effect"] is None and e["sesoi"] is None, e["id"]
+            continue
+        # every claim carries its smallest effect (> 0) with its reason, and says when it was declared
+        assert e["smallest_effect"] > 0 and tuple(e["sesoi"]) == claims.SESOI_FIELDS, e["id"]
+        assert e["sesoi"]["reason"] and e["sesoi"]["declared"] in (claims.BEFORE, claims.POST_HOC), e["id"]
+        if e["sesoi"]["declared"] == claims.POST_HOC and e["sesoi"]["depends_on_results"]:
+            assert verdict != claims.CONTRADICTED, f"{e['id']}: contradicted by a post-hoc bound from its results"
 
 
 def test_a_study_in_progress_decides_nothing(tmp_path):
@@ -94,33 +102,141 @@ def test_the_rule_applies_premises_before_the_interval():
     reg = claims.regime("0.12B, 20 tokens/param", params=10_000, tokens=2_600, paper_tokens_per_param=20,
                         scope="paper")
     strong = [0.3, 0.31, 0.29]
+    tiny, big = claims.Sesoi(0.005, "a test's"), claims.Sesoi(0.05, "a test's")
     room = claims.premise("room", 0.99, False, "the backbone closes <= 90% of the gap")
-    assert claims.claim("x", "x", "nats", strong, "p", regime=reg)["verdict"] == claims.REPRODUCED
-    assert claims.claim("x", "x", "nats", strong, "p", regime=reg, premises=[room])["verdict"] == "untested (room: 0.99)"
+    assert claims.claim("x", "x", "nats", strong, "p", regime=reg, smallest_effect=tiny)["verdict"] == claims.REPRODUCED
+    assert claims.claim("x", "x", "nats", strong, "p", regime=reg, premises=[room],
+                        smallest_effect=tiny)["verdict"] == "untested (room: 0.99)"
     budget = claims.budget_premise(reg, 10)
     assert not budget["passed"] and math.isclose(reg["ratio"], 0.013)
     assert claims.verdict_of(claims.claim("x", "x", "nats", [-0.3, -0.31, -0.29], "p", regime=reg,
-                                          premises=[budget])) == claims.UNTESTED
+                                          premises=[budget], smallest_effect=tiny)) == claims.UNTESTED
     # size, not only sign: a real gain wholly below the smallest effect of interest is contradicted
     small = [0.010, 0.012, 0.011]
-    assert claims.claim("x", "x", "nats", small, "p", regime=reg)["verdict"] == claims.REPRODUCED
-    assert claims.claim("x", "x", "nats", small, "p", regime=reg, smallest_effect=0.05)["verdict"] == claims.CONTRADICTED
+    assert claims.claim("x", "x", "nats", small, "p", regime=reg, smallest_effect=tiny)["verdict"] == claims.REPRODUCED
+    assert claims.claim("x", "x", "nats", small, "p", regime=reg, smallest_effect=big)["verdict"] == claims.CONTRADICTED
     assert claims.claim("x", "x", "nats", [0.0, 0.1, 0.05], "p", regime=reg,
-                        smallest_effect=0.05)["verdict"] == claims.INCONCLUSIVE
+                        smallest_effect=big)["verdict"] == claims.INCONCLUSIVE
     # an external interval: no interval (a bound) is never a verdict
-    assert claims.interval_claim("x", "x", "x", 2.0, None, 3, "bound", "p", regime=reg)["verdict"].startswith(
-        claims.INCONCLUSIVE)
+    assert claims.interval_claim("x", "x", "x", 2.0, None, 3, "bound", "p", regime=reg,
+                                 smallest_effect=tiny)["verdict"].startswith(claims.INCONCLUSIVE)
     with pytest.raises(ValueError, match="regime"):
-        claims.claim("x", "x", "nats", strong, "p", regime=None)
+        claims.claim("x", "x", "nats", strong, "p", regime=None, smallest_effect=tiny)
+
+
+def test_the_rule_refuses_a_claim_without_a_smallest_effect_of_interest():
+    """No claim is decided without a smallest effect (> 0, with its reason): the error names the claim. With δ = 0 a
+    null read inconclusive forever."""
+    reg = claims.regime("paper regime")
+    builders = {"claim": lambda **k: claims.claim("c.none", "x", "nats", [0.1, 0.2, 0.15], "p", regime=reg, **k),
+                "interval": lambda **k: claims.interval_claim("c.none", "x", "x", 0.1, (0.05, 0.15), 3, "r", "p",
+                                                              regime=reg, **k),
+                "count": lambda **k: claims.count_claim("c.none", "x", "x", (3, 3), (0, 3), "p", regime=reg, **k)}
+    for name, build in builders.items():
+        for missing in ({}, {"smallest_effect": None}, {"smallest_effect": 0.05}):  # a bare number has no reason
+            with pytest.raises(ValueError, match="claim 'c.none': no smallest effect of interest declared"):
+                build(**missing)
+        assert build(smallest_effect=claims.Sesoi(0.01, "a test's"))["smallest_effect"] == 0.01, name
+    for bad in (0.0, -0.01, math.nan, math.inf):
+        with pytest.raises(ValueError, match="must be a size > 0"):
+            claims.Sesoi(bad, "a reason")
+    with pytest.raises(ValueError, match="needs its reason"):
+        claims.Sesoi(0.01, "  ")
+    with pytest.raises(ValueError, match="must be a size > 0"):
+        claims.decide(-0.1, 0.1, 0.0)
+
+
+def test_an_interval_inside_the_smallest_effect_contradicts_unless_a_post_hoc_bound_rests_on_the_results():
+    """An interval wholly inside ±δ reads contradicted where δ was declared before the cells ran, and where it was
+    chosen after them on a reason that rests on no result of the study; a post-hoc δ measured on the study's own
+    results cannot contradict (it could have been chosen to sit above the interval): inconclusive, saying why."""
+    reg = claims.regime("paper regime")
+    null = [0.001, -0.002, 0.0005]
+    lo, hi = claims.t_interval(null)[1:]
+    assert -0.01 < lo < hi < 0.01  # wholly inside ±δ
+
+    def judged(sesoi: claims.Sesoi, study: str | None, diffs=null) -> dict:
+        with claims.judging(study):
+            return claims.claim("c.null", "x", "nats", diffs, "p", regime=reg, smallest_effect=sesoi)
+
+    declared = claims.Sesoi(0.01, "a convention, measured on no study")
+    e = judged(declared, "s1")
+    assert e["verdict"] == claims.CONTRADICTED and e["sesoi"] == {
+        "reason": declared.reason, "declared": claims.BEFORE, "depends_on_results": False}
+    independent = claims.Sesoi(0.01, "the seed spread of a control in study s0", post_hoc_for=("s1",),
+                               measured_on=("s0",))
+    e = judged(independent, "s1")
+    assert e["verdict"] == claims.CONTRADICTED and e["sesoi"]["declared"] == claims.POST_HOC
+    assert not e["sesoi"]["depends_on_results"] and claims.sesoi_text(e) == "0.01 post hoc"
+    # the same bound judging s0, whose results it was measured on, after s0's cells ran: it cannot contradict
+    dependent = claims.Sesoi(0.01, "the seed spread of a control in study s0", post_hoc_for=("s0", "s1"),
+                             measured_on=("s0",))
+    e = judged(dependent, "s0")
+    assert e["sesoi"] == {"reason": dependent.reason, "declared": claims.POST_HOC, "depends_on_results": True}
+    assert claims.verdict_of(e) == claims.INCONCLUSIVE and claims.POST_HOC_DEPENDENT in e["verdict"]
+    assert claims.sesoi_text(e) == "0.01 post hoc, from these results"
+    computed = claims.Sesoi(0.01, "computed from the judged study's own cells", post_hoc_for=("s1",),
+                            measured_on=("*",))
+    assert claims.verdict_of(judged(computed, "s1")) == claims.INCONCLUSIVE
+    # declared before the cells ran, a rule that computes δ from the study's own cells may contradict
+    assert judged(computed, "s2")["verdict"] == claims.CONTRADICTED
+    assert judged(computed, None)["sesoi"]["declared"] == claims.BEFORE  # a pipeline run: cells run after the code
+    # the guard touches contradictions only: a clear gain still reproduces under a results-dependent post-hoc bound
+    assert judged(dependent, "s0", [0.3, 0.31, 0.29])["verdict"] == claims.REPRODUCED
+    # an external interval is guarded alike
+    with claims.judging("s0"):
+        e = claims.interval_claim("c.fit", "x", "x", 0.0, (lo, hi), 3, "r", "p", regime=reg, smallest_effect=dependent)
+    assert claims.verdict_of(e) == claims.INCONCLUSIVE and claims.POST_HOC_DEPENDENT in e["verdict"]
+    # non-inferiority: δ is the margin; the same null is no worse than the margin (reproduced), a clear loss beyond it
+    # contradicts
+    ni = lambda d: claims.claim("c.ni", "x", "nats", d, "p", regime=reg, smallest_effect=declared,  # noqa: E731
+                                non_inferiority=True)["verdict"]
+    assert ni(null) == claims.REPRODUCED and ni([-0.3, -0.31, -0.29]) == claims.CONTRADICTED
+    assert ni([-0.02, 0.01, -0.005]) == claims.INCONCLUSIVE
+
+
+def test_solve_or_fail_counts_are_decided_by_fishers_exact_test():
+    """Solve-or-fail per seed: Fisher's exact test on the 2×2 counts, one-sided, at α = (1 − level)/2 (the one side of
+    the two-sided t interval the other claims read). 3 of 3 against 0 of 3 is p = 1/C(6,3) = 0.05: not below 0.025,
+    inconclusive; 5 of 5 against 0 of 5 is 1/C(10,5) = 0.004: reproduced; 1 of 3 against 0 of 3 is p = 0.5."""
+    from math import comb
+
+    from scipy.stats import fisher_exact
+
+    reg = claims.regime("paper regime")
+    sesoi = claims.Sesoi(0.5, "a test's solve rate")
+
+    def count(t, c, level=0.95):
+        return claims.count_claim("c.solve", "x", "solve rate", t, c, "p", level, regime=reg, smallest_effect=sesoi)
+
+    for (t, c), p_exact in ((((3, 3), (0, 3)), 1 / comb(6, 3)), (((5, 5), (0, 5)), 1 / comb(10, 5)),
+                            (((1, 3), (0, 3)), comb(3, 1) / comb(6, 1))):
+        p = claims.fisher_greater(t, c)
+        assert p == pytest.approx(p_exact) and p == pytest.approx(
+            fisher_exact([[t[0], t[1] - t[0]], [c[0], c[1] - c[0]]], alternative="greater").pvalue)
+        for level in (0.95, 0.9):
+            e = count(t, c, level)
+            assert claims.verdict_of(e) == (claims.REPRODUCED if p < (1 - level) / 2 else claims.INCONCLUSIVE), (t, c)
+            assert f"Fisher p = {p:.3g}" in e["verdict"] and e["effect"] == pytest.approx(t[0] / t[1] - c[0] / c[1])
+    assert claims.verdict_of(count((3, 3), (0, 3))) == claims.INCONCLUSIVE  # p = 0.05
+    assert claims.verdict_of(count((5, 5), (0, 5))) == claims.REPRODUCED  # p = 0.004
+    assert claims.verdict_of(count((1, 3), (0, 3))) == claims.INCONCLUSIVE  # p = 0.5
+    # contradicted when the exact bound on the difference of rates lies below δ: no solve in 40 seeds of either arm
+    # bounds the difference by 1 − 0.0125^(1/40) ≈ 0.10; at 3 seeds by 1 − 0.0125^(1/3) ≈ 0.77, above δ = 0.5
+    none40, none3 = count((0, 40), (0, 40)), count((0, 3), (0, 3))
+    assert none40["spread"] == pytest.approx(1 - 0.0125 ** (1 / 40)) and claims.verdict_of(none40) == claims.CONTRADICTED
+    assert none3["spread"] == pytest.approx(1 - 0.0125 ** (1 / 3)) and claims.verdict_of(none3) == claims.INCONCLUSIVE
+    # the t rule on the same per-seed outcomes would have read 3 of 3 against 0 of 3 as no seed variance
 
 
 def test_the_decided_table_groups_by_verdict_and_names_the_failed_premise(tmp_path):
     reg = claims.regime("paper regime", params=1_000_000, tokens=2_000_000)
-    entries = [claims.claim("a.win", "none is worse", "nats", [0.07, 0.08, 0.06], "p", regime=reg),
-               claims.claim("a.lose", "wd helps", "nats", [-0.07, -0.08, -0.06], "p", regime=reg),
-               claims.claim("a.untested", "wd_in helps", "nats", [-0.07, -0.08, -0.06], "p", regime=reg,
+    d = {"regime": reg, "smallest_effect": claims.Sesoi(0.01, "a test's")}
+    entries = [claims.claim("a.win", "none is worse", "nats", [0.07, 0.08, 0.06], "p", **d),
+               claims.claim("a.lose", "wd helps", "nats", [-0.07, -0.08, -0.06], "p", **d),
+               claims.claim("a.untested", "wd_in helps", "nats", [-0.07, -0.08, -0.06], "p", **d,
                             premises=[claims.premise("γ moved", 0.001, False, "mean γ shrinks by > 1%")]),
-               claims.claim("a.flat", "flat", "nats", [0.07, -0.08, 0.01], "p", regime=reg)]
+               claims.claim("a.flat", "flat", "nats", [0.07, -0.08, 0.01], "p", **d)]
     for name, superseded in (("s1", None), ("s0-old", "old code")):
         folder = tmp_path / name
         claims.write_claims(folder / "claims_a.json", entries)
@@ -129,9 +245,10 @@ def test_the_decided_table_groups_by_verdict_and_names_the_failed_premise(tmp_pa
              "wall_time_s": 1, "ledger": "claims_a.json"} | ({"superseded": superseded} if superseded else {})))
     table = studies.decided_table(tmp_path)
     lines = table.splitlines()
-    assert lines.index("**Reproduced** (1)") < lines.index("**Contradicted** (1)") < lines.index(
-        "**Untested: a premise failed** (1)")
-    assert "| s1 | γ moved | 1 | 0.001 |" in table
+    assert lines.index("**Reproduced** (1)") < lines.index("**Contradicted** (1)") < next(
+        i for i, line in enumerate(lines) if line.startswith("**Untested: a premise failed** (1)"))
+    assert "| s1 | γ moved | 1 | 0.001 |" in studies.untested_table(tmp_path)  # the untested claims' table
+    assert "s0-old" not in studies.untested_table(tmp_path)  # a superseded study decides nothing
     assert "s0-old (profile p, seeds 0, 1, 2, commit abcdef0): superseded (old code)" in table
     assert sum(" | s0-old |" in line for line in lines) == 0  # a superseded study decides nothing
 

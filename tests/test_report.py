@@ -21,7 +21,7 @@ REGIME = claims.regime("0.12B Llama, 20-80 tokens/param", params=1000, tokens=40
 
 
 def _claim(*args, **kwargs):
-    return claims.claim(*args, regime=REGIME, **kwargs)
+    return claims.claim(*args, regime=REGIME, smallest_effect=claims.Sesoi(0.01, "a test's"), **kwargs)
 
 
 CELLS = [{"name": f"{v}-s-base-{seed}", "variant": v, "size": "s", "seed": seed}
@@ -122,7 +122,7 @@ def test_the_readme_table_lists_what_the_studies_decided(studies):
     table = decided_table(root / "results")
     rows = [r for r in table.splitlines() if r.startswith("| base")]
     half = claims.t_interval([0.07, 0.08, 0.06])[2] - 0.07
-    assert rows == [f"| base: none is worse than standard | +0.0700 ± {half:.4f} | – | 3 | 0.001M params, 0.04 "
+    assert rows == [f"| base: none is worse than standard | +0.0700 ± {half:.4f} | – | 0.01 | 3 | 0.001M params, 0.04 "
                     "tokens/param, paper 20 (small-scale) | a-study |"]  # per-size and inconclusive entries are counted, not listed
     assert "a-study (profile configs/cpu-study.yaml, seeds 0, 1, 2, commit 951c18e): 1 inconclusive, 1 reproduced" in table
     assert "e-in-progress: no ledger (study.json absent)" in table

@@ -144,7 +144,11 @@ def test_every_entry_states_its_regime_beside_the_papers(a_params):
         assert reg["tokens"] == pre.total_steps() * pre.batch_size * pre.seq_len and reg["steps"] == pre.total_steps()
         size = e["id"].split("@")[1] if "@" in e["id"] else "d"  # a pooled claim: its largest size
         assert reg["non_embedding_params"] == cells.filter(pl.col("size") == size)["non_embedding_params"][0], e["id"]
-        assert e["smallest_effect"] == 0.0 and e["paper_effect"] is None
+        assert e["paper_effect"] is None  # the paper states orderings, no sizes
+        # each claim's smallest effect is the one its registry declares, by the metric it is in
+        want = (claims_a.ALPHA_SESOI if "alpha" in e["id"] else claims_a.SHARPNESS_SESOI if "sharpness" in e["id"]
+                else claims_a.LOSS_SESOI)
+        assert e["smallest_effect"] == want.value > 0 and e["sesoi"]["reason"] == want.reason, e["id"]
 
 
 def test_a_decay_claim_whose_gamma_did_not_move_is_untested(a_params):
@@ -253,14 +257,15 @@ def test_peri_ln_wd_out_names_its_branch_output_gammas(micro_params):
 
 def test_interval_claim_follows_the_same_decision():
     rule = "test rule"
-    up = claims.interval_claim("x", "c", "m", 0.3, (0.1, 0.5), 3, rule, "p", regime=REG)
+    REG_ = {"regime": REG, "smallest_effect": claims.Sesoi(0.05, "a test's")}
+    up = claims.interval_claim("x", "c", "m", 0.3, (0.1, 0.5), 3, rule, "p", **REG_)
     assert up["verdict"] == claims.REPRODUCED and up["spread"] == pytest.approx(0.2)
-    down = claims.interval_claim("x", "c", "m", -0.3, (-0.5, -0.1), 3, rule, "p", regime=REG)
+    down = claims.interval_claim("x", "c", "m", -0.3, (-0.5, -0.1), 3, rule, "p", **REG_)
     assert down["verdict"] == claims.CONTRADICTED
-    flat = claims.interval_claim("x", "c", "m", 0.3, (-0.1, 0.5), 3, rule, "p", regime=REG)
+    flat = claims.interval_claim("x", "c", "m", 0.3, (-0.1, 0.5), 3, rule, "p", **REG_)
     assert flat["verdict"] == claims.INCONCLUSIVE
     blocked = claims.interval_claim("x", "c", "m", 0.3, (0.1, 0.5), 3, rule, "p", unusable="fit not identified",
-                                     regime=REG)
+                                     **REG_)
     assert blocked["verdict"] == "inconclusive (fit not identified)"
     assert tuple(up) == claims.FIELDS
 
@@ -366,13 +371,15 @@ def test_the_alpha_claim_test_catches(name):
 def test_identical_seed_differences_are_inconclusive_by_the_stated_rule(micro_params):
     """Spread 0 (every seed's difference the same) is a degenerate t interval: "inconclusive (no seed variance)",
     for 2 seeds or more, with the rule in the entry; differences that vary at all are decided as before."""
+    d = claims.Sesoi(0.001, "a test's")
     for diffs in ([0.02, 0.02], [0.02] * 3, [-0.5] * 4):
-        entry = claims.claim("x", "c", "m", diffs, "p", regime=REG)
+        entry = claims.claim("x", "c", "m", diffs, "p", regime=REG, smallest_effect=d)
         assert entry["verdict"] == f"{claims.INCONCLUSIVE} (no seed variance)", entry
         assert entry["spread"] == 0.0 and entry["effect"] == pytest.approx(diffs[0])
-    assert "identical differences" in claims.rule_text()
-    assert claims.claim("x", "c", "m", [0.02, 0.021], "p", regime=REG)["verdict"] == claims.REPRODUCED
-    assert claims.claim("x", "c", "m", [0.02], "p", regime=REG)["verdict"] == f"{claims.INCONCLUSIVE} (1 seed)"
+    assert "identical differences" in claims.rule_text(0.95, d.value)
+    assert claims.claim("x", "c", "m", [0.02, 0.021], "p", regime=REG, smallest_effect=d)["verdict"] == claims.REPRODUCED
+    assert claims.claim("x", "c", "m", [0.02], "p", regime=REG,
+                        smallest_effect=d)["verdict"] == f"{claims.INCONCLUSIVE} (1 seed)"
     # the α claim by the same rule: three seeds with the very same curves give identical α differences
     same = _alpha_cells(0.6, noise=0.0)
     (entry,) = claims_a.scaling_claim(same, scaling.fit_all(same, ScalingConfig(bootstrap=20)), micro_params)

@@ -12,9 +12,12 @@ eigenvalues of the cross-entropy Hessian taken in the folded plain-weight parame
 where the decay moved γ under a per-step pull near the paper's (and, on input-norm γ, without the final norm's);
 a claim about γ's structure only where the treated γ left its init.
 
-Smallest effect of interest: 0 for every claim here. The paper states orderings, not sizes, so any effect in the
-claim's direction counts and "contradicted" means an interval wholly on the wrong side; a threshold of our own
-would turn small effects in the stated direction into contradictions of a claim that never named a size.
+Smallest effects of interest (claims.py rule 4): declared below (LOSS_SESOI, SHARPNESS_SESOI, ALPHA_SESOI), each with
+its reason. The paper states orderings, not sizes, so no bound is a fraction of a published effect: each is a stated
+convention about what matters, measured on no study. They were declared on 2026-12-06, after the cells of cpu-study
+and gamma-wd-dose ran: post hoc for both (their rows say so); since no reason rests on either study's results, such
+a row may read contradicted ("an effect, if any, below what matters at this scale"). Until then δ was 0 and a null
+could only read inconclusive.
 
 The paper's numbers are not quoted, so `published` quotes its stated ordering ("ordering only").
 """
@@ -43,6 +46,20 @@ PUB_UNION = (f'ordering only: "their union helps most, on dense and MoE models, 
 PUB_SCALING = f'ordering only: union "with better scaling" ({SOURCE})'
 PUB_SHARP = ("none: the paper ties decay on γ to sharpness (the top Hessian eigenvalue); that decay on input scales "
              "lowers it is our reading")
+
+# The scale-vector studies whose cells ran before the smallest effects below were declared (2026-12-06)
+POST_HOC = ("cpu-study", "gamma-wd-dose")
+LOSS_SESOI = claims.Sesoi(
+    0.01, "0.01 nats of final validation loss, 1% in perplexity (e^0.01 = 1.010): a convention of what a "
+    "normalization variant must gain to matter, measured on no study (the paper states orderings, no sizes)",
+    post_hoc_for=POST_HOC)
+SHARPNESS_SESOI = claims.Sesoi(
+    0.1, "0.1 in log λ_max, a 10.5% change of the top Hessian eigenvalue: a convention (power iteration on one "
+    "batch is not read finer), measured on no study; the paper gives no size", post_hoc_for=POST_HOC)
+ALPHA_SESOI = claims.Sesoi(
+    0.01, "0.01 in the exponent α: over a 10x range of N it moves the reducible loss A·N^-α by under 2.3% "
+    "(ln 10 · 0.01), the order of the loss convention; measured on no study, the paper gives no size",
+    post_hoc_for=POST_HOC)
 
 # (key, claim, worse variant, better variant, published, treated variant); `{out}` names the recipe's output-norm γ.
 # The treated variant's γ carry the premises: its decay moved them (wd_*), or they left init (the others).
@@ -99,7 +116,8 @@ def ordering_claims(cells: Cells, params: Params, recipe: str, level: float) -> 
                                  f"final val loss difference (nats), paired by seed, {_sizes_text(where)}",
                                  cells.per_seed(recipe, cells.gap(recipe, worse, better), where), published, level,
                                  regime=cells.regime(params, recipe, (worse, better), where),
-                                 premises=_premises(cells, params, recipe, key, treated, where, level)))
+                                 premises=_premises(cells, params, recipe, key, treated, where, level),
+                                 smallest_effect=LOSS_SESOI))
     if "unified" in variants and len(variants) > 1:
         others = [v for v in variants if v != "unified"]
 
@@ -112,7 +130,7 @@ def ordering_claims(cells: Cells, params: Params, recipe: str, level: float) -> 
                              f"best other variant's final val loss − unified's (nats), paired by seed, "
                              f"{_sizes_text(sizes)}", cells.per_seed(recipe, margin), PUB_UNION, level,
                              regime=cells.regime(params, recipe, tuple(variants), sizes),
-                             premises=[cells.left_init(recipe, "unified", sizes)]))
+                             premises=[cells.left_init(recipe, "unified", sizes)], smallest_effect=LOSS_SESOI))
     return entries
 
 
@@ -132,7 +150,8 @@ def sharpness_claim(cells: Cells, params: Params, recipe: str, level: float) -> 
                   "log λ_max(standard) − log λ_max(wd_in), top Hessian eigenvalue of the CE on a fixed batch in the "
                   f"folded plain-weight parameterization (comparable across variants), {_sizes_text(sizes)}",
                   diffs, PUB_SHARP, level, regime=cells.regime(params, recipe, ("standard", "wd_in"), sizes),
-                  premises=decay_premises(cells, params, recipe, "wd_in", sizes, level))]
+                  premises=decay_premises(cells, params, recipe, "wd_in", sizes, level),
+                  smallest_effect=SHARPNESS_SESOI)]
 
 
 def scaling_claim(cells: pl.DataFrame, fits: dict[str, Fit], params: Params) -> list[dict]:
@@ -162,7 +181,8 @@ def scaling_claim(cells: pl.DataFrame, fits: dict[str, Fit], params: Params) -> 
             problems = [NO_VARIANCE]
     interval = None if problems or len(diffs) < 2 else t_interval(diffs, cfg.level)[1:]
     rule = (f"α fitted per seed over the sizes, paired by seed; {cfg.level:.0%} t interval of the mean "
-            "α(unified) − α(standard): above 0 reproduced, below 0 contradicted, else inconclusive; only when every "
+            "α(unified) − α(standard): wholly below the smallest effect of interest contradicted, else above 0 "
+            "reproduced, else inconclusive; only when every "
             "fit is identified (dof > 0, α inside its bounds, A > 0); 1 seed inconclusive; identical differences over "
             "seeds (zero spread: a degenerate t interval) inconclusive")
     effect = float(np.mean(diffs)) if interval else fu.law.alpha - fs.law.alpha
@@ -172,7 +192,7 @@ def scaling_claim(cells: pl.DataFrame, fits: dict[str, Fit], params: Params) -> 
                            f"α of L(N) = E + A·N^-α (non-embedding N), fits over {fu.n_sizes} sizes",
                            effect, interval, len(seeds), rule, PUB_SCALING, "; ".join(problems) or None,
                            regime=index.regime(params, "base", ("standard", "unified"), sizes),
-                           premises=[index.left_init("base", "unified", sizes)])]
+                           premises=[index.left_init("base", "unified", sizes)], smallest_effect=ALPHA_SESOI)]
 
 
 def output_gammas(params: Params, recipe: str) -> str:

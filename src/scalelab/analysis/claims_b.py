@@ -117,7 +117,7 @@ def beats(pc, bench, cells, runs, opt, size, ref) -> dict:
     return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref), _vs(SPEEDUP, bench, ref),
                         [v - 1 for v, k in seeds.values() if k == INSIDE], pc.published,
                         unusable=_unusable(seeds), regime=regime(bench, runs, size, pc), premises=premises,
-                        paper_effect=pc.paper_effect, smallest_effect=pc.smallest_speedup - 1)
+                        paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
 
 
 def shrinks(pc, bench, cells, runs, opt, size, ref) -> dict:
@@ -131,7 +131,7 @@ def shrinks(pc, bench, cells, runs, opt, size, ref) -> dict:
     return claims.claim(_id(pc, bench, opt, large, ref), _text(pc, bench, opt, large, ref),
                         _vs(f"speed-up({small}) − speed-up({large}), held-out seeds", bench, ref), diffs,
                         pc.published, unusable=_unusable(a) or _unusable(b), regime=regime(bench, runs, large, pc),
-                        premises=premises, paper_effect=pc.paper_effect, smallest_effect=pc.smallest_speedup - 1)
+                        premises=premises, paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
 
 
 def gaps(bench: Bench, cells: dict, runs: list[dict], opt: str, size: str, batch: int = 1,
@@ -158,7 +158,7 @@ def batch(pc, bench, cells, runs, opt, size, ref) -> dict:
                         "chosen at 1x (held-out seeds)", diffs, pc.published,
                         unusable=None if worth else "no reference fit for the smallest effect",
                         regime=regime(bench, runs, size, pc), premises=premises,
-                        smallest_effect=statistics.fmean(worth) if worth else 0.0)
+                        smallest_effect=pc.sesoi.with_value(statistics.fmean(worth)) if worth else pc.sesoi)
 
 
 def unstable(pc, bench, cells, runs, opt, size, ref) -> dict:
@@ -173,7 +173,7 @@ def unstable(pc, bench, cells, runs, opt, size, ref) -> dict:
     return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref),
                         f"fraction of sweep runs diverged: {opt} − {bench.baseline} (sweep seeds)", diffs,
                         pc.published, regime=reg, premises=[claims.budget_premise(reg, pc.budget_factor)],
-                        paper_effect=pc.paper_effect, smallest_effect=pc.smallest_speedup - 1)
+                        paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
 
 
 def tuned(pc, bench, cells, runs, opt, size, ref) -> dict:
@@ -187,7 +187,7 @@ def tuned(pc, bench, cells, runs, opt, size, ref) -> dict:
                         "curve needs to reach the default's final loss (held-out seeds)",
                         [1 / v - 1 for v, k in seeds.values() if k == INSIDE], pc.published,
                         unusable=_unusable(seeds), regime=regime(bench, runs, size, pc), premises=premises,
-                        paper_effect=pc.paper_effect, smallest_effect=pc.smallest_speedup - 1)
+                        paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
 
 
 BUILDERS = {"beats": beats, "shrinks": shrinks, "batch": batch, "unstable": unstable, "tuned": tuned}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from scalelab.analysis import claims, premises_a, studies
 from scalelab.analysis.claims import claim
-from scalelab.analysis.claims_a import LABELS, PUB_WD
+from scalelab.analysis.claims_a import LABELS, LOSS_SESOI, PUB_WD
 from scalelab.config import Params
 
 # Per decayed kind: its arm (variant), and the runs' column of that kind's mean γ
@@ -141,7 +141,7 @@ def dose_claims(rows: list[dict], params: Params, level: float = 0.95) -> list[d
         entries.append(claim(f"dose.{key}", f"{text}, at {dose:g}x the matrices' decay ({why})",
                              f"final val loss, paired by seed, decay on γ at {dose:g}x vs none, size {size}",
                              [sign * (a["val_loss"] - b["val_loss"]) for a, b in by_dose[dose]], PUB_WD, level,
-                             regime=reg, premises=checks[dose]))
+                             regime=reg, premises=checks[dose], smallest_effect=LOSS_SESOI))
     return entries
 
 

@@ -12,11 +12,14 @@ the same steps in all). The positive control is `pause_hints` where a study runs
     solved score         Σ over the K ladder of the fraction of the blind → floor answer gap closed,
                          (ln 2 − loss_K) / ln 2: a continuous count of K's solved, the claims' metric (an integer
                          count ties across seeds, which the ledger's rule cannot read)
-Claims (paired by seed, scalelab.analysis.claims): n > 1 solves more than n = 1 (SFA and full attention at each n,
-from scratch and continued);
-the gain grows from n = 2 to n = 4; SFA keeps ≥ sfa_fraction of full attention's gain. Premises at the K compared
-(the ladder's largest; hd_premises.parity_premises): room (n = 1 stays near ln 2) and the positive control (the pause
-arm solves it in every seed); for the growth and SFA claims also the gain they are measured against.
+Claims: n > 1 solves more than n = 1 (SFA and full attention at each n, from scratch and continued); the gain grows
+from n = 2 to n = 4; SFA keeps ≥ sfa_fraction of full attention's gain. A seed of an arm solves the probe's largest K
+or stays at chance there (solve-or-fail), so each claim is decided on the counts of seeds that solve it
+(scalelab.analysis.claims.count_claim, rule 5: Fisher's exact test and exact Clopper–Pearson bounds), not by a t
+interval on the solved score, whose per-seed values are 0 or the ladder's length but for rounding. Premises at the K
+compared (the ladder's largest; hd_premises.parity_premises): room (n = 1 stays near ln 2) and the positive control
+(the pause arm solves it in every seed); for the growth and SFA claims also the gain they are measured against, shown
+by the same exact test. The smallest effect of interest: hidden_decoding.SOLVE_SESOI (a solve rate).
 """
 
 from __future__ import annotations
@@ -122,6 +125,18 @@ def gains(cells: Cells, arms: dict[str, CellConfig], ks: list[int]) -> dict[str,
     return out
 
 
+def solved_count(cells: Cells, arm: str, K: int, seeds: list[int]) -> tuple[int, int]:
+    """(seeds of `seeds` in which `arm` solves K: answer accuracy ≥ SOLVED, seeds)."""
+    return sum(cells[arm][K][s]["answer_acc"] >= hdp.SOLVED for s in seeds), len(seeds)
+
+
+def count_shown(name: str, treated: tuple[int, int], control: tuple[int, int], level: float, need: str) -> dict:
+    """The premise that a solve-count gain is there: Fisher's exact one-sided p < (1 − level)/2 (the claims' test)."""
+    p = ledger.fisher_greater(treated, control)
+    return ledger.premise(name, f"{treated[0]}/{treated[1]} against {control[0]}/{control[1]} seeds (Fisher p = "
+                          f"{p:.3g})", p < (1 - level) / 2, f"{need} (Fisher's exact p < {(1 - level) / 2:g})")
+
+
 def control(cells: Cells) -> str:
     """The positive control's arm: the hinted pause arm where the study ran it, else the plain one."""
     return HINTED if HINTED in cells else PAUSE
@@ -147,37 +162,55 @@ def study(folder: Path) -> list[dict]:
 
 
 def entries(hd: HiddenDecodingConfig, files: Mapping[str, Path]) -> list[dict]:
-    """The ledger: n > 1 solves more of the ladder than n = 1, with SFA and with full attention; the gain grows with
-    n (SFA); SFA keeps ≥ sfa_fraction of full attention's gain."""
+    """The ledger, on the counts of seeds that solve the ladder's largest K: n > 1 solves it in more seeds than
+    n = 1, with SFA and with full attention; the gain grows with n (SFA); SFA keeps ≥ sfa_fraction of full attention's
+    solve rate (n = 1 solving it in no seed where the room premise holds, the rate is the gain)."""
     cells, arms = read_cells(hd, files)
     ks = ladder(cells)
+    K = max(ks)
     level, f = hd.claims.level, hd.claims.sfa_fraction
-    base, g = premises(cells, ks), gains(cells, arms, ks)
-    metric = f"solved(n) − solved(n = 1), solved = Σ over K ∈ {{{', '.join(map(str, ks))}}} of (ln 2 − answer loss) / ln 2"
+    base = premises(cells, ks)
+    metric = f"rate of seeds solving K = {K} (answer accuracy ≥ {hdp.SOLVED}): "
 
-    def entry(id, text, metric, diffs, n, extra=(), published=hdr.PUBLISHED):
-        return ledger.claim(id, f"parity probe: {text}", metric, diffs, published, level,
-                            regime=regime(cells, n, ks), premises=[*base, *extra])
+    def entry(id, text, metric, treated, ctrl, n, extra=(), published=hdr.PUBLISHED, factor=1.0):
+        # "keeps ≥ f of" is a claim of non-inferiority: a shortfall under the smallest effect does not matter
+        return ledger.count_claim(id, f"parity probe: {text}", metric, treated, ctrl, published, level,
+                                  regime=regime(cells, n, ks), premises=[*base, *extra],
+                                  smallest_effect=hdr.SOLVE_SESOI, factor=factor, non_inferiority=factor != 1)
 
+    def pair(arm: str, ref: str) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Both arms' counts on the seeds both ran at every K of the ladder."""
+        seeds = [s for s in seeds_of(cells, arm, ks) if s in seeds_of(cells, ref, ks)]
+        return solved_count(cells, arm, K, seeds), solved_count(cells, ref, K, seeds)
+
+    hd_arms: dict[str, dict[int, str]] = {"sfa": {}, "full": {}, "sfa_cont": {}, "full_cont": {}}
+    for arm, c in sorted(arms.items()):  # the arms `gains` compares with n = 1 (separate tables, the open start)
+        cont = "cont" if c.backbone_steps else ""
+        if c.n_streams > 1 and arm == f"n{c.n_streams}{'' if c.attention == 'sfa' else c.attention}{cont}":
+            hd_arms[f"{c.attention}_cont" if cont else c.attention][c.n_streams] = arm
+    if "n1" not in cells:
+        raise ValueError("the parity probe needs its n = 1 arm")
     out = []
     for kind, label, tag in (("sfa", "SFA", ""), ("full", "full attention", "full."),
                              ("sfa_cont", "SFA, continued from n = 1", "cont."),
                              ("full_cont", "full attention, continued from n = 1", "cont.full.")):
-        for n, diffs in sorted(g[kind].items()):
-            out.append(entry(f"C.parity.gain.{tag}n{n}", f"n = {n} ({label}) solves a larger K than n = 1", metric,
-                             diffs, n, published=hdr.PUBLISHED if kind.startswith("sfa") else hdr.PUBLISHED_SFA))
-    ns = sorted(g["sfa"])
+        for n, arm in sorted(hd_arms[kind].items()):
+            out.append(entry(f"C.parity.gain.{tag}n{n}", f"n = {n} ({label}) solves K = {K} in more seeds than n = 1",
+                             metric + f"{arm} − n1", *pair(arm, "n1"), n,
+                             published=hdr.PUBLISHED if kind.startswith("sfa") else hdr.PUBLISHED_SFA))
+    ns = sorted(hd_arms["sfa"])
     for lo, hi in zip(ns, ns[1:]):
-        ref = hdp.shown(f"gain at n = {lo}", g["sfa"][lo], level, f"n = {lo} solves more than n = 1")
-        out.append(entry(f"C.parity.grows.n{lo}-n{hi}", f"the gain grows with n: n = {hi} solves more than n = {lo}",
-                         f"solved(n = {hi}) − solved(n = {lo})",
-                         [b - a for a, b in zip(g["sfa"][lo], g["sfa"][hi])], hi, [ref]))
-    for n in sorted(set(g["sfa"]) & set(g["full"])):
-        ref = hdp.shown(f"full attention's gain at n = {n}", g["full"][n], level,
-                        f"full attention at n = {n} solves more than n = 1")
-        out.append(entry(f"C.parity.sfa.n{n}", f"SFA keeps ≥ {f:.0%} of full attention's gain over n = 1 at n = {n}",
-                         f"gain(SFA) − {f}·gain(full), gains in solved",
-                         [a - f * b for a, b in zip(g["sfa"][n], g["full"][n])], n, [ref], hdr.PUBLISHED_SFA))
+        ref = count_shown(f"gain at n = {lo}", *pair(hd_arms["sfa"][lo], "n1"), level,
+                          f"n = {lo} solves K = {K} in more seeds than n = 1")
+        out.append(entry(f"C.parity.grows.n{lo}-n{hi}", f"the gain grows with n: n = {hi} solves K = {K} in more "
+                         f"seeds than n = {lo}", metric + f"n = {hi} − n = {lo}",
+                         *pair(hd_arms["sfa"][hi], hd_arms["sfa"][lo]), hi, [ref]))
+    for n in sorted(set(hd_arms["sfa"]) & set(hd_arms["full"])):
+        ref = count_shown(f"full attention's gain at n = {n}", *pair(hd_arms["full"][n], "n1"), level,
+                          f"full attention at n = {n} solves K = {K} in more seeds than n = 1")
+        out.append(entry(f"C.parity.sfa.n{n}", f"SFA keeps ≥ {f:.0%} of full attention's solve rate at n = {n}",
+                         metric + f"SFA − {f}·full attention", *pair(hd_arms["sfa"][n], hd_arms["full"][n]), n,
+                         [ref], hdr.PUBLISHED_SFA, factor=f))
     return out
 
 

@@ -68,8 +68,14 @@ def positive_control(gains: Sequence[float] | None, level: float = 0.95) -> dict
 
 
 def shown(name: str, diffs: Sequence[float], level: float, need: str) -> dict:
-    """The premise that an effect is there: its per-seed differences reproduce by the ledger's own rule."""
-    decision = ledger.verdict(diffs, level)
+    """The premise that an effect is there: its per-seed differences' t interval lies above 0 (the ledger's interval;
+    a premise asks whether the effect is there at all, so no smallest effect enters: the interval's sign is read)."""
+    clean = [float(d) for d in diffs]
+    interval = ledger.t_interval(clean, level)
+    decision = (f"{ledger.INCONCLUSIVE} (no data)" if not clean else f"{ledger.INCONCLUSIVE} (1 seed)" if interval is None
+                else f"{ledger.INCONCLUSIVE} ({ledger.NO_VARIANCE})" if ledger.no_seed_variance(clean)
+                else ledger.CONTRADICTED if interval[2] < 0 else ledger.REPRODUCED if interval[1] > 0
+                else ledger.INCONCLUSIVE)
     interval = ledger.t_interval(list(diffs), level)
     value = (f"{interval[0]:+.4f} ± {interval[2] - interval[0]:.4f} ({decision})" if interval
              else decision)

@@ -83,7 +83,8 @@ def write(folder: Path) -> list[dict]:
     if module != MODULE or name not in READERS:
         raise ValueError(f"{folder}/study.json: generator {meta['generator']!r} is not one of this module's")
     bench, cells, runs = READERS[name](folder)
-    entries = claims_b.ledger(bench, cells, runs)
+    with claims.judging(folder.name):  # as studies.regenerate judges it: a smallest effect declared later is post hoc
+        entries = claims_b.ledger(bench, cells, runs)
     claims.write_claims(folder / meta["ledger"], entries)
     out = folder / "leaderboard" if (folder / "leaderboard").is_dir() else folder
     df = leaderboard.table(bench, cells, runs)

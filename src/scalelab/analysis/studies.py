@@ -12,6 +12,7 @@ A study whose raw metrics today's code cannot read says so in `superseded`, and 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -88,11 +89,19 @@ def committed_studies(results: Path) -> list[dict]:
 
 
 def generator(spec: str):
-    """The function a study.json `generator` ("package.module:function") names."""
+    """The function a study.json `generator` ("package.module:function") names, judging the folder it is given as
+    that committed study (claims.judging: a smallest effect declared after the study's cells ran reads post hoc)."""
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError(f"generator {spec!r} is not 'module:function'")
-    return getattr(importlib.import_module(module), name)
+    fn = getattr(importlib.import_module(module), name)
+
+    @functools.wraps(fn)
+    def judged(folder, *args, **kwargs):
+        with ledger_rules.judging(Path(folder).name):
+            return fn(folder, *args, **kwargs)
+
+    return judged
 
 
 def regenerate(folder: Path) -> list[dict]:
@@ -100,7 +109,7 @@ def regenerate(folder: Path) -> list[dict]:
     meta = json.loads((Path(folder) / STUDY).read_text())
     if "generator" not in meta:
         raise ValueError(f"{Path(folder).name}: {STUDY} names no generator of its ledger")
-    return generator(meta["generator"])(Path(folder))
+    return generator(meta["generator"])(Path(folder))  # judged as this study (claims.py rule 4)
 
 
 def write_ledger(folder: Path) -> Path:
@@ -167,8 +176,9 @@ def _main_entries(s: dict) -> list[dict]:
 
 def decided_table(results: Path) -> str:
     """What the committed studies decided (README), grouped by verdict: the reproduced and the contradicted claims
-    with their effect beside the paper's, their regime and study; then the claims a failed premise left untested,
-    with that premise's measured value. Inconclusive entries are counted per study below; superseded studies and
+    with their effect beside the paper's, their smallest effect of interest ("post hoc" where it was chosen after the
+    study's cells ran), their regime and study; then how many claims a failed premise left untested (their table:
+    `untested_table`). Inconclusive entries are counted per study below; superseded studies and
     folders without a ledger are named there and decide nothing."""
     studies = committed_studies(results)
     live = [s for s in studies if s["entries"] is not None and not s.get("superseded")]
@@ -178,27 +188,17 @@ def decided_table(results: Path) -> str:
     for v in DECIDED:
         out += [f"**{v.capitalize()}** ({len(rows[v])})", ""]
         if rows[v]:
-            out += ["| claim | effect ± spread | paper | seeds | regime | study |", "|---|---|---|---|---|---|"]
-            out += [f"| {e['claim']} | {_fmt_effect(e)} | {_paper(e)} | {e['n_seeds']} | {_regime(e)} | {s['name']} |"
-                    for s, e in rows[v]]
+            out += ["| claim | effect ± spread | paper | smallest effect | seeds | regime | study |",
+                    "|---|---|---|---|---|---|---|"]
+            out += [f"| {e['claim']} | {_fmt_effect(e)} | {_paper(e)} | {ledger_rules.sesoi_text(e)} | {e['n_seeds']} "
+                    f"| {_regime(e)} | {s['name']} |" for s, e in rows[v]]
         else:
             out.append("none")
         out.append("")
-    # untested rows grouped by study and failed premise (a claim counts under each premise it fails): how many claims
-    # it leaves untested and its measured values, each cut at its first parenthesis; every claim's own row, with the
-    # whole value and the premise's need, is in the study's ledger
-    groups: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
-    for s, e in rows[ledger_rules.UNTESTED]:
-        for p in ledger_rules.failed(e["premises"]):
-            ids, values = groups.setdefault((s["name"], p["name"]), (set(), []))
-            ids.add(e["id"])
-            value = ledger_rules._short(p["value"]).split(" (")[0]
-            if value not in values:
-                values.append(value)
-    out += [f"**Untested: a premise failed** ({len(rows[ledger_rules.UNTESTED])})", "",
-            "| study | premise that failed | claims | measured |", "|---|---|---|---|"]
-    out += [f"| {study} | {name} | {len(ids)} | {'; '.join(values[:3]) + ('; …' if len(values) > 3 else '')} |"
-            for (study, name), (ids, values) in groups.items()]
+    # the untested claims are counted here; their table, by study and failed premise, is `untested_table`
+    # (docs/workflow.md): the README shows what was decided
+    out += [f"**Untested: a premise failed** ({len(rows[ledger_rules.UNTESTED])}): by study and premise in "
+            "docs/workflow.md, each claim's row in its study's ledger"]
     notes = []
     for s in studies:
         if s["entries"] is None:
@@ -212,6 +212,28 @@ def decided_table(results: Path) -> str:
         else:
             notes.append(f"{study_label(s)}: {summary} (every entry: results/{s['name']}/{s['ledger']})")
     return "\n".join(out) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
+def untested_table(results: Path) -> str:
+    """The claims a failed premise left untested (docs/workflow.md), grouped by study and failed premise (a claim
+    counts under each premise it fails): how many claims it leaves untested and its measured values, each cut at its
+    first parenthesis; every claim's own row, with the whole value and the premise's need, is in the study's ledger."""
+    live = [s for s in committed_studies(results) if s["entries"] is not None and not s.get("superseded")]
+    groups: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
+    for s in live:
+        for e in _main_entries(s):
+            if verdict_of(e) != ledger_rules.UNTESTED:
+                continue
+            for p in ledger_rules.failed(e["premises"]):
+                ids, values = groups.setdefault((s["name"], p["name"]), (set(), []))
+                ids.add(e["id"])
+                value = ledger_rules._short(p["value"]).split(" (")[0]
+                if value not in values:
+                    values.append(value)
+    out = ["| study | premise that failed | claims | measured |", "|---|---|---|---|"]
+    out += [f"| {study} | {name} | {len(ids)} | {'; '.join(values[:3]) + ('; …' if len(values) > 3 else '')} |"
+            for (study, name), (ids, values) in groups.items()]
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

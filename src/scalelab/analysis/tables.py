@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from scalelab.analysis.claims import premises_text, regime_text
+from scalelab.analysis.claims import premises_text, regime_text, sesoi_text
 
 MAX_ROWS = 40  # longer tables are cut in the report (the CSV beside it is whole)
 
@@ -45,19 +45,22 @@ def published_notes(entries: list[dict]) -> list[str]:
 
 
 def ledger_frame(entries: list[dict]) -> pl.DataFrame:
-    cols = ("claim", "metric", "effect ± spread", "paper", "seeds", "verdict", "regime", "premises", "published")
+    cols = ("claim", "metric", "effect ± spread", "paper", "smallest effect", "seeds", "verdict", "regime", "premises",
+            "published")
     note = {text: i for i, text in enumerate(published_notes(entries), 1)}
     return pl.DataFrame([{"claim": e["claim"], "metric": e["metric"], "effect ± spread": _fmt(e["effect"])
                           + ("" if e["spread"] is None else f" ± {e['spread']:.3g}"),
-                          "paper": _fmt(e["paper_effect"]), "seeds": e["n_seeds"], "verdict": e["verdict"],
+                          "paper": _fmt(e["paper_effect"]), "smallest effect": sesoi_text(e), "seeds": e["n_seeds"],
+                          "verdict": e["verdict"],
                           "regime": regime_text(e["regime"]), "premises": premises_text(e["premises"]),
                           "published": f"[{note[e['published']]}]"} for e in entries],
                         schema={k: pl.Int64 if k == "seeds" else pl.String for k in cols})
 
 
 def ledger_markdown(entries: list[dict]) -> str:
-    """A study's whole ledger for its README: claim, effect beside the paper's, seeds and verdict (the verdict
-    names a failed premise); regimes and premises in full stay in the ledger file."""
-    df = ledger_frame(entries).select("claim", "effect ± spread", "paper", "seeds", "verdict")
+    """A study's whole ledger for its README: claim, effect beside the paper's, the smallest effect of interest (and
+    whether it was chosen post hoc), seeds and verdict (the verdict names a failed premise); regimes, premises and each
+    smallest effect's reason in full stay in the ledger file."""
+    df = ledger_frame(entries).select("claim", "effect ± spread", "paper", "smallest effect", "seeds", "verdict")
     rows = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
     return "\n".join(rows + ["| " + " | ".join(_fmt(v).replace("|", "/") for v in r) + " |" for r in df.iter_rows()])
