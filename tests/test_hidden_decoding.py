@@ -866,10 +866,11 @@ def test_the_study_ledgers_are_rederived_and_its_readme_current():
 
     folder = ROOT / "results/hidden-decoding"
     plain = lambda x: json.loads(json.dumps(x))  # noqa: E731
-    for part in hd_study.PROBES + hd_study.CPT:
-        assert plain(hd_study.part_entries(folder, part)) == claims.read_claims(folder / part / "claims.json"), part
-    ledger = claims.read_claims(folder / "claims_c.json")
-    assert plain(hd_study.study_ledger(folder)) == ledger
+    with claims.judging(folder.name):  # judged as the committed study (its smallest effects are post hoc for it)
+        for part in hd_study.PROBES + hd_study.CPT:
+            assert plain(hd_study.part_entries(folder, part)) == claims.read_claims(folder / part / "claims.json"), part
+        ledger = claims.read_claims(folder / "claims_c.json")
+        assert plain(hd_study.study_ledger(folder)) == ledger
     assert json.loads((folder / "study.json").read_text())["generator"] == "scalelab.analysis.hd_study:study_ledger"
     why = {e["id"]: e["verdict"] for e in ledger}
     assert all(v.startswith("untested (room: ") for k, v in why.items() if k.startswith("probe-v3."))
