@@ -307,3 +307,49 @@ def test_study_json_names_short_params_and_the_spec_for_long_ones(tmp_path):
         (tmp_path / "results" / study.name).mkdir(parents=True, exist_ok=True)
         ledger.update_study_json(study, tmp_path, [], ran=True)
         assert json.loads((tmp_path / "results" / study.name / "study.json").read_text())["profile"] == want
+
+
+def _registry_sesois() -> dict[str, claims.Sesoi]:
+    """Every smallest effect the papers' claim registries declare, by its reason (what a ledger row carries)."""
+    import importlib
+
+    out = {}
+    for module in ("scalelab.analysis.claims_a", "scalelab.analysis.optbench_claims",
+                   "scalelab.analysis.hidden_decoding", "scalelab.compress.ledger"):
+        for value in vars(importlib.import_module(module)).values():
+            if isinstance(value, claims.Sesoi):
+                out[value.reason] = value
+    return out
+
+
+def _commit_time(sha: str):
+    import subprocess
+    from datetime import datetime
+
+    done = subprocess.run(["git", "show", "-s", "--format=%cI", sha], cwd=RESULTS.parent, capture_output=True,
+                          text=True)
+    return datetime.fromisoformat(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
+def test_each_row_says_post_hoc_exactly_where_its_cells_ran_before_the_declaration(folder):
+    """A row's smallest effect reads "post hoc" exactly where the earliest commit the study's cells ran at (study.json's
+    `commit`) is older than the declaration (Sesoi.declared_on): typed lists of studies (`post_hoc_for`) are checked
+    against git, so a study missing from one would read "declared before the cells ran" and fail here."""
+    from datetime import datetime
+
+    registry = _registry_sesois()
+    meta = json.loads((folder / studies.STUDY).read_text())
+    times = [_commit_time(c.strip()) for c in str(meta["commit"]).split(",")]
+    if not times or None in times:
+        pytest.skip(f"{meta['commit']}: not in this clone's history")
+    ran = min(times)
+    rows = [e for e in _ledger(folder) if e["sesoi"] is not None]
+    assert rows, folder.name
+    for e in rows:
+        sesoi = registry.get(e["sesoi"]["reason"])
+        assert sesoi is not None, f"{e['id']}: its smallest effect is declared in no claim registry"
+        assert sesoi.declared_on, f"{e['id']}: the declaration of its smallest effect has no date"
+        post_hoc = datetime.fromisoformat(sesoi.declared_on) > ran
+        assert (e["sesoi"]["declared"] == claims.POST_HOC) == post_hoc, (e["id"], sesoi.declared_on, ran)
+        assert set(sesoi.post_hoc_for) | set(sesoi.measured_on) - {"*"} <= {f.name for f in STUDIES}, sesoi

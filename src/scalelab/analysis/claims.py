@@ -65,12 +65,14 @@ class Sesoi:
     """A smallest effect of interest, declared in a paper's claim registry with its reason.
 
     `value` (> 0) in the claim's metric; `reason` why an effect below it does not matter at this scale, in words a
-    reader can check (where it was measured, or the published number it is a fraction of); `post_hoc_for`: the
-    committed studies whose cells had already run when this was declared (for them it is post hoc); `measured_on`:
-    the studies whose results the value was measured from, "*" for every study it judges (a bound computed from the
-    judged study's own cells): judging one of those, the bound rests on the results."""
+    reader can check (where it was measured, or the published number it is a fraction of); `declared_on`: when it
+    was committed (ISO 8601); `post_hoc_for`: the committed studies whose cells had already run when it was declared
+    (for them it is post hoc; tests/test_ledgers.py checks the list against the commits the cells ran at);
+    `measured_on`: the studies whose results the value was measured from, "*" for every study it judges (a bound
+    computed from the judged study's own cells): judging one of those, the bound rests on the results."""
     value: float
     reason: str
+    declared_on: str = ""
     post_hoc_for: tuple[str, ...] = ()
     measured_on: tuple[str, ...] = ()
 
@@ -88,7 +90,7 @@ class Sesoi:
 
     def with_value(self, value: float) -> "Sesoi":
         """The same declaration with its value computed where it is used (e.g. converted into the claim's metric)."""
-        return Sesoi(value, self.reason, self.post_hoc_for, self.measured_on)
+        return Sesoi(value, self.reason, self.declared_on, self.post_hoc_for, self.measured_on)
 
 
 _JUDGING: ContextVar[str | None] = ContextVar("judging", default=None)

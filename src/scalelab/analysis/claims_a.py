@@ -47,19 +47,21 @@ PUB_SCALING = f'ordering only: union "with better scaling" ({SOURCE})'
 PUB_SHARP = ("none: the paper ties decay on γ to sharpness (the top Hessian eigenvalue); that decay on input scales "
              "lowers it is our reading")
 
-# The scale-vector studies whose cells ran before the smallest effects below were declared (2026-12-06)
+# When the smallest effects below were declared (commit b9bf6f9), and the scale-vector studies whose cells ran before
+DECLARED = "2026-12-06T05:18:17+00:00"
 POST_HOC = ("cpu-study", "gamma-wd-dose")
 LOSS_SESOI = claims.Sesoi(
     0.01, "0.01 nats of final validation loss, 1% in perplexity (e^0.01 = 1.010): a convention of what a "
     "normalization variant must gain to matter, measured on no study (the paper states orderings, no sizes)",
-    post_hoc_for=POST_HOC)
+    declared_on=DECLARED, post_hoc_for=POST_HOC)
 SHARPNESS_SESOI = claims.Sesoi(
     0.1, "0.1 in log λ_max, a 10.5% change of the top Hessian eigenvalue: a convention (power iteration on one "
-    "batch is not read finer), measured on no study; the paper gives no size", post_hoc_for=POST_HOC)
+    "batch is not read finer), measured on no study; the paper gives no size",
+    declared_on=DECLARED, post_hoc_for=POST_HOC)
 ALPHA_SESOI = claims.Sesoi(
     0.01, "0.01 in the exponent α: over a 10x range of N it moves the reducible loss A·N^-α by under 2.3% "
     "(ln 10 · 0.01), the order of the loss convention; measured on no study, the paper gives no size",
-    post_hoc_for=POST_HOC)
+    declared_on=DECLARED, post_hoc_for=POST_HOC)
 
 # (key, claim, worse variant, better variant, published, treated variant); `{out}` names the recipe's output-norm γ.
 # The treated variant's γ carry the premises: its decay moved them (wd_*), or they left init (the others).

@@ -72,7 +72,8 @@ def shown(name: str, diffs: Sequence[float], level: float, need: str) -> dict:
     a premise asks whether the effect is there at all, so no smallest effect enters: the interval's sign is read)."""
     clean = [float(d) for d in diffs]
     interval = ledger.t_interval(clean, level)
-    decision = (f"{ledger.INCONCLUSIVE} (no data)" if not clean else f"{ledger.INCONCLUSIVE} (1 seed)" if interval is None
+    decision = (f"{ledger.INCONCLUSIVE} (no data)" if not clean
+                else f"{ledger.INCONCLUSIVE} (1 seed)" if interval is None
                 else f"{ledger.INCONCLUSIVE} ({ledger.NO_VARIANCE})" if ledger.no_seed_variance(clean)
                 else ledger.CONTRADICTED if interval[2] < 0 else ledger.REPRODUCED if interval[1] > 0
                 else ledger.INCONCLUSIVE)

@@ -39,14 +39,16 @@ PUBLISHED_SFA = "Hidden Decoding (WeLM-HD4): SFA in place of full attention at n
 # after every committed Hidden Decoding study's cells ran (post hoc for each); no reason rests on any study's results.
 # The papers' effects are benchmark accuracies on 8B models, not losses of a small probe: no bound is a fraction of
 # them.
+DECLARED = "2026-12-06T05:18:17+00:00"  # commit b9bf6f9
 LOSS_SESOI = ledger.Sesoi(
     0.01, "0.01 nats of last-stream validation loss, 1% in perplexity (e^0.01 = 1.010): a convention of what a "
-    "change of architecture must gain to matter, measured on no study", post_hoc_for=("hd-cpt", "hidden-decoding"))
+    "change of architecture must gain to matter, measured on no study",
+    declared_on=DECLARED, post_hoc_for=("hd-cpt", "hidden-decoding"))
 SOLVE_SESOI = ledger.Sesoi(
     0.5, "0.5 in the rate of seeds that solve the probe's largest K: an arm that solves it in fewer than half more "
     "seeds than its reference fails it in most seeds where the positive control solves it in every seed (its "
     "premise): not a capability a run can rely on; a convention, measured on no study",
-    post_hoc_for=("hd-parity", "hd-parity-hints", "hd-parity-hints-8k"))
+    declared_on=DECLARED, post_hoc_for=("hd-parity", "hd-parity-hints", "hd-parity-hints-8k"))
 
 
 def roles(hd: HiddenDecodingConfig) -> dict[str, dict[int, str]]:

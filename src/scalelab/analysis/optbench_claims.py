@@ -30,25 +30,28 @@ SEMENOV_TOKENS_PER_PARAM = round(16.8e9 / 124e6)  # 135
 # Wen et al.'s smallest lead over tuned AdamW (its matrix methods at 1.2B): a gain below it is none of the size the
 # papers speak of, so "contradicted" means an interval wholly below 1.1x.
 SMALLEST_SPEEDUP = 1.1
-# the committed optimizer studies whose cells had run when each smallest effect was declared
+# when each smallest effect was declared, and the committed optimizer studies whose cells had run by then
+SPEEDUP_DECLARED = "2026-12-03T08:04:01+00:00"  # commit a5f9957
+DECLARED = "2026-12-06T05:18:17+00:00"  # commit b9bf6f9
 BEFORE_SPEEDUP = ("optbench-protocol", "optbench-200")  # 1.1x: declared 2026-12-03, before optbench-sizes' cells
 EVERY_STUDY = ("optbench-protocol", "optbench-200", "optbench-sizes")  # declared 2026-12-06
 SPEEDUP_SESOI = Sesoi(
     SMALLEST_SPEEDUP - 1, f"{SMALLEST_SPEEDUP}x in data, Wen et al.'s smallest lead over tuned AdamW (its matrix "
     "methods at 1.2B, a published number): a smaller gain is none of the size the papers speak of",
-    post_hoc_for=BEFORE_SPEEDUP)
+    declared_on=SPEEDUP_DECLARED, post_hoc_for=BEFORE_SPEEDUP)
 # the batch claim's metric is a loss gap: the 1.1x speed-up is converted into the loss it is worth on the study's own
 # fitted baseline curve, so the bound's value is measured on the judged study ("*")
 BATCH_SESOI = Sesoi(
     SMALLEST_SPEEDUP - 1, f"the loss a {SMALLEST_SPEEDUP}x speed-up in data (Wen et al.'s smallest lead) is worth on "
     "the baseline's fitted end-of-run curve at the benchmark's tokens (mean over held-out seeds)",
-    post_hoc_for=BEFORE_SPEEDUP, measured_on=("*",))
+    declared_on=SPEEDUP_DECLARED, post_hoc_for=BEFORE_SPEEDUP,
+    measured_on=("*",))
 SHRINK_SESOI = Sesoi(
     0.1, "0.1 in speed-up: half the smallest shrinkage Wen et al. state for the matrix lead (1.3x at 0.1B to ~1.1x "
-    "at 1.2B, 0.2), a published number", post_hoc_for=EVERY_STUDY)
+    "at 1.2B, 0.2), a published number", declared_on=DECLARED, post_hoc_for=EVERY_STUDY)
 UNSTABLE_SESOI = Sesoi(
     0.1, "0.1 of the sweep's runs, one run in ten diverging more often than the baseline: a convention (Semenov et "
-    "al. state no rate), measured on no study", post_hoc_for=EVERY_STUDY)
+    "al. state no rate), measured on no study", declared_on=DECLARED, post_hoc_for=EVERY_STUDY)
 BASELINE, EVERY_REFERENCE = "baseline", "every reference"  # PaperClaim.against
 
 

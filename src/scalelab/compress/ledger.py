@@ -56,19 +56,21 @@ PUB_BEYOND = "none (beyond the paper; SVD-LLM is the layer-wise optimum)"
 PUB_ERANK = "SigmaScale: scaling concentrates the spectrum (lower erank), lowering truncation loss (qualitative)"
 # Smallest effects of interest (δ, claims.py rule 4), declared 2026-12-03 (commit c4830ff): after the cells of
 # compression-smollm2 ran (post hoc for it), before sigmascale-allocation's. No reason rests on either study's results.
+DECLARED = "2026-12-03T08:02:43+00:00"  # commit c4830ff
 POST_HOC = ("compression-smollm2",)
 # Orderings, in nats of validation loss: 0.02 (a 2% perplexity ratio): a sixteenth of the paper's closest published
 # pair (ASVD 11.14 against SVD-LLM 7.94, 0.34 nats), and a gap under 2% in perplexity would not change which method
 # one picks.
 ORDER_DELTA = claims.Sesoi(
     0.02, "0.02 nats, 2% in perplexity: a sixteenth of the paper's closest published pair (ASVD 11.14 against SVD-LLM "
-    "7.94 ppl, 0.34 nats); a smaller gap would not change which method one picks", post_hoc_for=POST_HOC)
+    "7.94 ppl, 0.34 nats); a smaller gap would not change which method one picks",
+    declared_on=DECLARED, post_hoc_for=POST_HOC)
 # "SVD-LLM ≤ SigmaScale" admits equality: a claim of non-inferiority (claims.decide), at the same 2% as its margin, so
 # only SigmaScale ahead by more than 2% contradicts it (it was δ = 0: ahead by any amount).
 # Spectrum claims, in Spearman ρ: 0.1 (ranks that share under 1% of their variance are no relation worth stating).
 ERANK_DELTA = claims.Sesoi(
     0.1, "Spearman ρ 0.1: ranks that share under 1% of their variance are no relation worth stating",
-    post_hoc_for=POST_HOC)
+    declared_on=DECLARED, post_hoc_for=POST_HOC)
 # (better, worse, claim text, non-inferiority): the published ordering, by method name in the grid
 ORDERING = [
     ("svd_llm", "sigmascale", "SVD-LLM ≤ SigmaScale in perplexity", True),
