@@ -39,7 +39,7 @@ def die_with_parent() -> None:
 def descendants(pid: int) -> list[int]:
     """Every live process under `pid` by parent links (/proc), children before their own children."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():  # none to find without /proc (macOS)
         if not entry.isdigit():
             continue
         try:  # field 4 of stat, after the command name in parentheses (which may hold spaces)
