@@ -586,7 +586,9 @@ def test_an_interrupted_cell_resumes_to_the_uninterrupted_result(tmp_path, monke
     straight = hdt.fit_cell(cfg, "n2", 0, tmp_path / "straight", shards)
     starts = []
 
-    class Counting(hdt.StepCheckpoint):  # the cell's own checkpoint callback, counting steps and crashing on cue
+    from scalelab.train import trainer
+
+    class Counting(trainer.StepCheckpoint):  # the cell's own checkpoint callback (the one trainer's), counting steps
         crash_at = 4
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -594,7 +596,7 @@ def test_an_interrupted_cell_resumes_to_the_uninterrupted_result(tmp_path, monke
                 raise RuntimeError("killed")
             starts.append(pl_module.step)
 
-    monkeypatch.setattr(hdt, "StepCheckpoint", Counting)
+    monkeypatch.setattr(trainer, "StepCheckpoint", Counting)
     with pytest.raises(RuntimeError, match="killed"):
         hdt.fit_cell(cfg, "n2", 0, tmp_path / "resumed", shards)
     assert torch.load(tmp_path / "resumed/ckpt/last.ckpt", weights_only=True)["scalelab"]["step"] == 4

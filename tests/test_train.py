@@ -285,7 +285,7 @@ def test_an_h200_reads_its_dense_bf16_peak_not_lightnings_sparse_one():
     reports ("NVIDIA H200", "NVIDIA H200 NVL") are not the keys of Lightning's table."""
     from lightning.fabric.utilities.throughput import _CUDA_FLOPS
 
-    from scalelab.train.fit import datasheet_peak
+    from scalelab.train.device import datasheet_peak
 
     assert _CUDA_FLOPS["h200 sxm1"][torch.bfloat16] > 1.9e15  # Lightning's: the sparse figure (drop ours if fixed)
     assert datasheet_peak("NVIDIA H200", torch.bfloat16) == pytest.approx(1979e12 / 2)

@@ -213,6 +213,7 @@ class HDTrainConfig(Strict):
     val_tokens: PosInt = 8192
     ckpt_every: PosInt = 30
     keep_stale: NonNegInt = 2  # stale checkpoints of completed runs kept (scalelab.train.resume)
+    log_every: PosInt = 10  # the tracker's cadence, as pretrain.log_every (not in the config hash)
     precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true"
     grad_clip: NonNegFloat = 1.0
     accumulate: PosInt = 1

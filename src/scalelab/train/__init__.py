@@ -15,7 +15,8 @@ from scalelab.train.callbacks import (
     Validation,
 )
 from scalelab.train.datamodule import StepBatches, TokenDataModule
-from scalelab.train.fit import Cell, config_hash, fit, peak_flops, resume_run_id
+from scalelab.train.device import peak_flops
+from scalelab.train.fit import Cell, config_hash, fit, resume_run_id
 from scalelab.train.module import LitLM
 from scalelab.train.sharpness import Sharpness, top_hessian_eigenvalue
 

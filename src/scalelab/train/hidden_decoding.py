@@ -1,6 +1,7 @@
-"""Continued pretraining of one Hidden Decoding cell with the pretrain trainer's parts: LitLM (the model
-returns the last stream's logits and loss like a Transformer), the token data module, the callbacks and the resume
-logic of scalelab.train.resume (a persisted checkpoint of the same config hash is resumed, any other moved aside).
+"""Continued pretraining of one Hidden Decoding cell through the one trainer (scalelab.train.trainer, as a pretrain
+cell): LitLM (the model returns the last stream's logits and loss like a Transformer), the token data module, and the
+resume logic of scalelab.train.resume (a persisted checkpoint of the same config hash is resumed, any other moved
+aside); its own callbacks are the step-0 validation and the tables' warm-up.
 
 Every cell continues the same backbone on the same batches (a pure function of seed and step); cells differ in
 n_streams, attention, and the step budget: the base budget, or (`flops_of`) as many steps as make the cell's
@@ -22,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,14 +44,13 @@ from scalelab.model.hidden_decoding_answers import window_losses
 from scalelab.model.hidden_decoding_io import backbone_config, from_source, save_hidden_decoding
 from scalelab.runtime import placement
 from scalelab.train import hidden_decoding_task as probe
-from scalelab.train.callbacks import MetricsFile, NonFiniteGuard, Progress, StepCheckpoint, Throughput, Validation
+from scalelab.train.callbacks import MetricsFile
 from scalelab.train.datamodule import TokenDataModule
-from scalelab.train.fit import PRECISION_DTYPE, _code_digest, _device, _peak_mem_mb, peak_flops
-from scalelab.train.dispatch import lean
-from scalelab.train.heap import FrozenHeap
+from scalelab.train.device import PRECISION_DTYPE, device_of, peak_flops, peak_mem_mb
 from scalelab.train.module import LitLM
 from scalelab.train.resume import claim_ckpt_dir
 from scalelab.train.resume import resume_run_id as stored_run_id
+from scalelab.train.trainer import Machine, code_digest, train, write_model
 
 if TYPE_CHECKING:
     from scalelab.tracking import StageRun
@@ -134,13 +133,13 @@ def load_corpus(hd: HiddenDecodingConfig, cell: str, shards_dir: str | Path, pre
 def config_hash(hd: HiddenDecodingConfig, cell: str, seed: int, steps: int, corpus: Corpus) -> str:
     """Everything that fixes a cell's trajectory: its model, the train section, its budget, the seed, the backbone's
     files, the data's identity and the training code. A checkpoint resumes only under the same hash."""
-    machine = set(MACHINE_KEYS["hidden_decoding.train"])  # where it runs is no part of the trajectory
-    train = probe.cell_train(hd, cell).model_dump(mode="json", exclude=machine)
+    machine = set(MACHINE_KEYS["hidden_decoding.train"])  # where it runs is no part of the trajectory, nor logging
+    section = probe.cell_train(hd, cell).model_dump(mode="json", exclude=machine | {"log_every"})
     backbone = None if hd.random_init() else source_digest(hd.source.location())  # a random one: its shape, seed
     blob = {"model": hd.model(cell).model_dump(mode="json"), "cell": hd.cells[cell].model_dump(mode="json"),
-            "train": train, "steps": steps, "seed": seed,
+            "train": section, "steps": steps, "seed": seed,
             "source": hd.source.model_dump(mode="json"), "backbone": backbone, "data": corpus.digest,
-            "code": _code_digest()}
+            "code": code_digest()}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -174,17 +173,16 @@ def gate_mean(model: HiddenDecodingLM) -> float | None:
 
 
 class StartValidation(Callback):
-    """The validation loss before the first step as the curve's step-0 row, logged with the others: how far the
-    cell starts from its backbone. A resumed run's curve holds it already (the curve is in the checkpoint)."""
-
-    def __init__(self, curve: MetricsFile) -> None:
-        self.curve = curve
+    """The validation loss before the first step as the curve's step-0 row (the trainer's MetricsFile), logged with
+    the others: how far the cell starts from its backbone. A resumed run's curve holds it already (the curve is in
+    the checkpoint)."""
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if pl_module.step == 0 and not self.curve.rows:
+        curve = next(cb for cb in trainer.callbacks if isinstance(cb, MetricsFile))
+        if pl_module.step == 0 and not curve.rows:
             loss = pl_module.evaluate(trainer.datamodule.val_share())
-            self.curve.rows.append([0, 0, None, loss, None])
-            self.curve.pending.append((0, int(time.time() * 1000), {"val/loss": loss}))
+            curve.rows.append([0, 0, None, loss, None])
+            curve.pending.append((0, int(time.time() * 1000), {"val/loss": loss}))
 
 
 class TableWarmup(Callback):
@@ -212,7 +210,7 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
     corpus = corpus or load_corpus(hd, cell, shards_dir, prepared_dir, tokenizer)
     shards, task = corpus.shards, probe.task_of(hd, cell)
     placement.set_torch_threads(tc.threads)
-    device = _device(tc.accelerator)
+    device = device_of(tc.accelerator)
     cfg: HiddenDecodingModelConfig = hd.model(cell)
     L.seed_everything(seed, verbose=False)  # a random backbone and the extra tables' noise: functions of the seed
     model = from_source(hd.source, cfg, device, shards.vocab_size).train()  # Lightning keeps a module's mode
@@ -237,24 +235,15 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
     lit = LitLM(model, optimizer=tc.optimizer, scale=ScaleConfig(), schedule=tc.schedule, total_steps=total,
                 accumulate=tc.accumulate, grad_clip=tc.grad_clip,
                 own_lr=(lambda name: own.get(name.split(".")[0] + ".")) if any(own.values()) else None)
-    throughput = Throughput(tokens_per_step, fpt, peak)
-    curve = MetricsFile(tokens_per_step, tc.ckpt_every, total, logged_file=out_dir / "ckpt" / "metrics_logged.json",
-                        run_id=run.run_id if run is not None else None)
-    trainer = L.Trainer(
-        accelerator=tc.accelerator, devices=tc.devices, precision=tc.precision, max_epochs=1, max_steps=-1,
-        callbacks=lean([throughput, FrozenHeap(), NonFiniteGuard(), StartValidation(curve),
-                        Validation(tc.val_every, total), curve,
-                        *([TableWarmup(hd.cells[cell].table_warmup)] if hd.cells[cell].table_warmup else []),
-                        *([] if sys.stdout.isatty() else [Progress(f"hidden_decoding@{cell}-{seed}", total,
-                                                                   tokens_per_step)]),
-                        StepCheckpoint(out_dir / "ckpt", tc.ckpt_every, total)]),
-        logger=(run.lightning_logger() if run is not None else None) or False, default_root_dir=out_dir,
-        enable_progress_bar=sys.stdout.isatty(), enable_model_summary=False, use_distributed_sampler=False,
-    )
-    with placement.launch_scope():  # no rank variables left for the next fit or child
-        trainer.fit(lit, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+    warmup = [TableWarmup(hd.cells[cell].table_warmup)] if hd.cells[cell].table_warmup else []
+    loop = train(lit, datamodule, machine=Machine(tc.accelerator, tc.devices, tc.num_nodes, "auto", tc.precision),
+                 out_dir=out_dir, name=f"hidden_decoding@{cell}-{seed}", total=total, tokens_per_step=tokens_per_step,
+                 flops_per_token=fpt, peak_flops=peak, val_every=tc.val_every, ckpt_every=tc.ckpt_every,
+                 log_every=tc.log_every, run=run, resume=resume, before_curve=[StartValidation()],
+                 after_curve=warmup)
 
-    step_time = statistics.median(throughput.times) if throughput.times else None
+    curve, times = loop.curve, loop.throughput.times
+    step_time = statistics.median(times) if times else None
     trained = [r[2] for r in curve.rows[-10:] if r[2] is not None]
     metrics = {
         "val_loss": curve.last("val_loss"),  # last stream, the fixed validation windows
@@ -262,21 +251,15 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
         "train_loss": statistics.fmean(trained) if trained else None, **facts,
         "steps": lit.step, "tokens": lit.step * tokens_per_step, "flops": fpt * lit.step * tokens_per_step,
         "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time if step_time else None,
-        "peak_mem_mb": _peak_mem_mb(device), "table_spread_start": spread_start, "table_spread": table_spread(model),
+        "peak_mem_mb": peak_mem_mb(device), "table_spread_start": spread_start, "table_spread": table_spread(model),
         "gate_mean": gate_mean(model),
         **(probe.answer_metrics(model, task, shards, tc) if task is not None else {}),
         "wall_s": time.perf_counter() - start_time,
     }
-    if trainer.is_global_zero:  # the final model with its curve, all or nothing
-        with atomic_dir(out_dir / "model") as tmp:
-            save_hidden_decoding(model, tmp, tokenizer)
-            curve.write_csv(tmp / "curve.csv")
-            write_json_atomic(tmp / "metrics.json", metrics)
-        if plot is not None:
-            plot.parent.mkdir(parents=True, exist_ok=True)
-            curve.write_csv(plot)
-        run_json = out_dir / "ckpt" / "run.json"
-        write_json_atomic(run_json, {**json.loads(run_json.read_text()), "complete": True})
+    write_model(loop, out_dir, lambda tmp: save_hidden_decoding(model, tmp, tokenizer), metrics)
+    if loop.trainer.is_global_zero and plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        curve.write_csv(plot)
     return metrics
 
 
