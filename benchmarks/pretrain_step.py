@@ -61,22 +61,28 @@ def shards_dir(params, work: Path) -> Path:
 
 
 class StepClock(Callback):
-    """Wall time from one step's end to the next: the batch, the step and every callback, as the bare loop counts."""
+    """Wall time from one step's end to the next: the batch, the step and every callback, as the bare loop counts;
+    and the main thread's CPU time over the same span (`cpu_times`), which other processes on the cores cannot
+    stretch, only slow through shared caches."""
 
     def __init__(self) -> None:
-        self.stamps: list[float] = []
+        self.stamps: list[tuple[float, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.stamps.append(time.perf_counter())
+        self.stamps.append((time.perf_counter(), time.thread_time()))
 
-    def step_times(self) -> list[float]:
-        diffs = [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+    def step_times(self, clock: int = 0) -> list[float]:
+        diffs = [b[clock] - a[clock] for a, b in zip(self.stamps, self.stamps[1:])]
         return diffs[len(diffs) // 5:]  # drop warm-up, as bare_loop does
 
+    def cpu_times(self) -> list[float]:
+        return self.step_times(clock=1)
 
-def bare_loop(params, cell: Cell, tokens, vocab: int, steps: int) -> list[float]:
-    """The training step of scalelab.train.LitLM without Lightning: forward, backward, clip, schedule, step. Its heap
-    frozen as fit's is (scalelab.train.heap): a bare script would not rescan the benchmark's imports either."""
+
+def bare_loop(params, cell: Cell, tokens, vocab: int, steps: int, cpu: list[float] | None = None) -> list[float]:
+    """The training step of scalelab.train.LitLM without Lightning: forward, backward, clip, schedule, step; each
+    step's wall time (its thread's CPU time into `cpu`, when given). Its heap frozen as fit's is
+    (scalelab.train.heap): a bare script would not rescan the benchmark's imports either."""
     pre, recipe = params.pretrain, params.pretrain.recipes[cell.recipe]
     torch.manual_seed(cell.seed)
     model = Transformer(params.resolve_model(cell.size, cell.variant, vocab_size=vocab, recipe=cell.recipe))
@@ -84,7 +90,7 @@ def bare_loop(params, cell: Cell, tokens, vocab: int, steps: int) -> list[float]
     times = []
     gc.freeze()
     for step in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         x, y = train_batch(tokens, seed=cell.seed, step=step, batch_size=pre.batch_size, seq_len=pre.seq_len)
         loss = model(x, y).loss
         loss.backward()
@@ -97,6 +103,8 @@ def bare_loop(params, cell: Cell, tokens, vocab: int, steps: int) -> list[float]
             opt.zero_grad(set_to_none=True)
         loss.item(), norm.item()  # the Lightning module logs both: the same host syncs
         times.append(time.perf_counter() - t0)
+        if cpu is not None and step >= steps // 5:
+            cpu.append(time.thread_time() - c0)
     gc.unfreeze()
     return times[steps // 5:]  # drop warm-up
 
@@ -128,24 +136,28 @@ def neighbour(params_path: str, shards: Path, size: str, recipe: str, alone: boo
 
 
 def lightning_vs_bare(bench, cell: Cell, work: Path, sdir: Path, shards, repeats: int,
-                      steps: int) -> tuple[float, float, float]:
-    """Each side's fastest median step over `repeats` interleaved runs (seconds): Lightning's fit, the bare loop; and
-    the fit's fixed cost (its wall less its training loop: setup and export), the median over the runs."""
+                      steps: int) -> tuple[float, float, float, float, float]:
+    """Each side's fastest median step over `repeats` interleaved runs (seconds): Lightning's fit, the bare loop; the
+    fit's fixed cost (its wall less its training loop: setup and export), the median over the runs; and each side's
+    fastest median CPU time of a step."""
     from scalelab import tracking
 
-    lit, bare, setup = [], [], []
+    lit, bare, setup, lit_cpu, bare_cpu = [], [], [], [], []
     for r in range(repeats):
         clock = StepClock()
         name = f"bench-{cell.size}-{cell.recipe}-{r}"
         with tracking.stage_run(name, params={}, experiment="scalelab-bench") as run:
             metrics = fit(bench, cell, work / name, sdir, run, callbacks=[clock])
         lit.append(statistics.median(clock.step_times()))
+        lit_cpu.append(statistics.median(clock.cpu_times()))
         setup.append(metrics["wall_s"] - metrics["train_loop_s"])
-        bare.append(statistics.median(bare_loop(bench, cell, shards.train, shards.vocab_size, steps)))
+        cpu: list[float] = []
+        bare.append(statistics.median(bare_loop(bench, cell, shards.train, shards.vocab_size, steps, cpu)))
+        bare_cpu.append(statistics.median(cpu))
     # Interference on shared cores only adds time, and it moves whole runs: on 2 idle cores the same bare loop's
     # median step was 60.5 ms in one run and 74.4 ms in the next of the same process. The fastest run of each side
     # is the estimate interference cannot inflate.
-    return min(lit), min(bare), statistics.median(setup)
+    return min(lit), min(bare), statistics.median(setup), min(lit_cpu), min(bare_cpu)
 
 
 def write_rates(path: Path, table: list[tuple], setup_s: float, pre, alone: bool) -> None:
@@ -200,27 +212,28 @@ def main() -> None:
             for recipe in args.recipes:
                 cell = Cell(variant="standard", size=size, recipe=recipe, seed=0)
                 with neighbour(args.params, sdir, size, recipe, args.alone):
-                    lit_s, bare_s, setup_s = lightning_vs_bare(bench, cell, work, sdir, shards, args.repeats,
-                                                               args.steps)
+                    lit_s, bare_s, setup_s, lit_c, bare_c = lightning_vs_bare(bench, cell, work, sdir, shards,
+                                                                              args.repeats, args.steps)
                 setups.append(setup_s)
                 fpt = Transformer(params.resolve_model(size, "standard", vocab_size=shards.vocab_size)).flops_per_token(
                     one.seq_len)
                 table.append((size, recipe, lit_s, bare_s, tokens / lit_s, tokens / bare_s,
-                              fpt * tokens / lit_s / peak1, fpt * tokens / bare_s / peak1))
+                              fpt * tokens / lit_s / peak1, fpt * tokens / bare_s / peak1, lit_c / bare_c))
                 results.append({"benchmark": "pretrain_step", "metric": f"lightning_over_bare_step_time_{size}_{recipe}",
                                 "value": round(lit_s / bare_s, 4), "goal": f"<= {STEP_GOAL}",
                                 "met": lit_s / bare_s <= STEP_GOAL, "tokens_per_s": round(tokens / lit_s),
                                 "bare_tokens_per_s": round(tokens / bare_s),
                                 "peak_fraction": round(fpt * tokens / lit_s / peak1, 4),
-                                "neighbour": not args.alone})
+                                "cpu_time_ratio": round(lit_c / bare_c, 4), "neighbour": not args.alone})
         torch.set_num_threads(params.pretrain.threads or torch.get_num_threads())
         print(f"Lightning over the bare loop, 1 thread, {'alone' if args.alone else 'a second cell beside it'}; "
               f"{tokens} tokens a step; fp32 matmul peak {peak1 / 1e9:.1f} GFLOP/s at one thread")
         print(f"{'size':5s} {'recipe':7s} {'lightning ms':>12s} {'bare ms':>8s} {'ratio':>6s} {'tok/s':>7s} "
-              f"{'bare tok/s':>10s} {'of peak':>7s} {'bare':>6s}  goal")
-        for size, recipe, lit_s, bare_s, tl, tb, fl, fb in table:
+              f"{'bare tok/s':>10s} {'of peak':>7s} {'bare':>6s} {'cpu ratio':>9s}  goal (wall ratio)")
+        for size, recipe, lit_s, bare_s, tl, tb, fl, fb, cr in table:
             print(f"{size:5s} {recipe:7s} {lit_s * 1e3:12.2f} {bare_s * 1e3:8.2f} {lit_s / bare_s:6.3f} {tl:7.0f} "
-                  f"{tb:10.0f} {fl:7.3f} {fb:6.3f}  <= {STEP_GOAL}{'' if lit_s / bare_s <= STEP_GOAL else '  MISSED'}")
+                  f"{tb:10.0f} {fl:7.3f} {fb:6.3f} {cr:9.3f}  <= {STEP_GOAL}"
+                  f"{'' if lit_s / bare_s <= STEP_GOAL else '  MISSED'}")
         print()
         if args.rates:
             write_rates(args.rates, table, statistics.median(setups), one, args.alone)
