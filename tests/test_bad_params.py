@@ -64,6 +64,9 @@ MUTATIONS = {  # name: (mutation of params.yaml, what the one line must name)
     "negative size": (lambda r: r["model"]["sizes"]["a"].update(d_model=-32), "model.sizes.a.d_model"),
     "library kwarg of the wrong type": (lambda r: r["optim"]["galore"]["kwargs"].update(rank_ratio="not-a-number"),
                                         "optim.galore.kwargs: rank_ratio: Input should be a valid number"),
+    # valid to the schema; DVC would read `evaluate.models.sigmascale-0.8` as a nested key (scalelab.pipeline.runnable)
+    "a model name DVC cannot address": (lambda r: r["evaluate"].update(models={"sigmascale-0.8": {"path": "m"}}),
+                                        "evaluate.models.sigmascale-0.8: a name with a dot"),
 }
 
 
