@@ -71,7 +71,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # flows/ (imported by 
 import artifact  # noqa: E402
 import dag  # noqa: E402
 import failures  # noqa: E402
-import lifetime  # noqa: E402
 import runners  # noqa: E402
 from artifact import status as _status, summary  # noqa: E402
 from dag import changed_stages, select, stage_graph  # noqa: E402  (a test patches changed_stages here)
@@ -187,6 +186,10 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     `params_file` switches the profile first (validated, then copied over params.yaml; the old one kept as .prev).
     `gpus_per_task`: what each task asks a Ray cluster for (Ray hides GPUs from tasks that ask for none)."""
     logger, root = get_run_logger(), scalelab.project_root()
+    # imported here, never a global of this module: the flow travels by value to Dask and Ray workers, where flows/
+    # is not importable, and a global module would travel by name (lifetime is only ever the flow process's)
+    import lifetime
+
     lifetime.watch_prefect()  # a SIGTERM that Prefect's handler takes still starts the exit watchdog
     placement.STOP.clear()  # a served flow runs many times in one process (flows/serve.py)
     if params_file and Path(params_file).resolve() != (root / "params.yaml").resolve():
@@ -266,6 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     # skipping the atexit hook that stops the temporary Prefect server (found alive 50 minutes later). The
     # warm server and the stages stop on the way out (pipeline's `with` and stop_stages). A second signal, or an exit
     # path that hangs (a dead Prefect server), and the death of the parent are lifetime's.
+    import lifetime  # as in pipeline(): not a module global
+
     lifetime.exit_on((signal.SIGTERM, signal.SIGINT))
     lifetime.die_with_parent()
     runner = runners.task_runner(args.runner, args.workers, args.address)
