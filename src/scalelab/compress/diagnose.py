@@ -101,6 +101,17 @@ def run(cfg, seed: int, keep: float, maps: list[str], optimiser_maps: list[str],
             "summary": summary, "maps": records}
 
 
+
+def compress_section(params_path: str):
+    """The compress section of a params file, for the diagnostics' command lines; a ParamsError without one."""
+    from scalelab.config import ParamsError, load_params
+
+    cfg = load_params(params_path).compress
+    if cfg is None:
+        raise ParamsError(f"{params_path} has no compress section")
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
@@ -117,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from scalelab.config import load_params
     from scalelab.data import write_json_atomic
     from scalelab.pipeline.stage import reported
     from scalelab.runtime.log import setup
@@ -125,11 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     setup()
 
     def body() -> None:
-        cfg = load_params(args.params).compress
-        if cfg is None:
-            from scalelab.config import ParamsError
-
-            raise ParamsError(f"{args.params} has no compress section")
+        cfg = compress_section(args.params)
         over = {k: v for k, v in (("max_steps", args.max_steps), ("patience", args.patience)) if v is not None}
         cfg = cfg.model_copy(update={"sigmascale": cfg.sigmascale.model_copy(update=over)})
         result = run(cfg, args.seed, args.keep, args.maps, args.optimiser, tuple(args.lrs), args.max_evals, args.init)

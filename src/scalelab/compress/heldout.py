@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from scalelab.config import load_params
+    from scalelab.compress.diagnose import compress_section
     from scalelab.data import write_json_atomic
     from scalelab.pipeline.stage import reported
     from scalelab.runtime.log import setup
@@ -140,11 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     setup()
 
     def body() -> None:
-        cfg = load_params(args.params).compress
-        if cfg is None:
-            from scalelab.config import ParamsError
-
-            raise ParamsError(f"{args.params} has no compress section")
+        cfg = compress_section(args.params)
         write_json_atomic(Path(args.out), run(cfg, args.seed, args.keep, args.maps, args.model, args.prepared))
 
     return reported("compress held-out check", body)
