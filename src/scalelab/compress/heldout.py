@@ -1,4 +1,4 @@
-"""Layer losses on held-out inputs beside the calibration Gram, and ASVD in float32 beside float64 (issue 58).
+"""Layer losses on held-out inputs beside the calibration Gram, and ASVD in float32 beside float64.
 
 Every layer loss a study reports is read on the calibration Gram, the one SVD-LLM minimises exactly: a method that
 fits the calibration windows and fails on others would not show there. This check factors each named map by every
