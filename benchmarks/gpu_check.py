@@ -132,7 +132,7 @@ def hidden_decoding_layer(quick: bool) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from scalelab.config import HiddenDecodingModelConfig
-    from scalelab.model.hidden_decoding import HiddenDecodingLM
+    from scalelab.hidden_decoding.model import HiddenDecodingLM
     from preset_costs import ARCHITECTURES
 
     arch = {k: v for k, v in ARCHITECTURES["Qwen3-0.6B"].items() if k != "model_type"}

@@ -8,11 +8,11 @@
 2. Whole training step (forward, backward, AdamW) of a small Llama at n = 4 (SFA) against n = 1, as a fraction of
    the analytic training-FLOP ratio: goal ≤ 1.15.
 3. One mixing layer, forward + backward, at n = 4 and 8 (T = --mix-seq): the token-major causal layer against the
-   dense stream-major (nT)² mask (scalelab.model.hidden_decoding_dense, the earlier implementation). Time ratio
+   dense stream-major (nT)² mask (scalelab.hidden_decoding.dense, the earlier implementation). Time ratio
    maskless / dense: goal ≤ 1; peak memory above the inputs (the process's high-water RSS, reset through
    /proc/self/clear_refs, each case in a fresh process so no allocator cache hides it): goal O(nT), i.e. the
    maskless layer's peak grows ≤ 2.5× from n = 4 to n = 8 (the dense one's (nT)² terms grow 4×).
-   The same layer as a local cross-stream layer (a window of --window tokens, scalelab.model.stream_window) against
+   The same layer as a local cross-stream layer (a window of --window tokens, scalelab.hidden_decoding.window) against
    the maskless mixing layer at n = 8: it attends a small fraction of the pairs, so it must not cost more (goal
    time ratio local / mixing ≤ 1; its peak memory is reported: it expands grouped key/value heads and copies each
    block's keys beside the previous block's, O(n·T·n·w), which at short T can exceed the mixing layer's).
@@ -40,8 +40,8 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from scalelab.config import HiddenDecodingModelConfig
-from scalelab.model.hidden_decoding import HiddenDecodingLM, attended_pairs
-from scalelab.model.hidden_decoding_dense import dense_run_layers
+from scalelab.hidden_decoding.model import HiddenDecodingLM, attended_pairs
+from scalelab.hidden_decoding.dense import dense_run_layers
 
 
 CLOCK = time.process_time

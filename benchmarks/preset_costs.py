@@ -94,7 +94,7 @@ def thin_svd_flops(m: int, n: int) -> float:
 
 
 def pretrain_rows(name: str, params) -> list[dict]:
-    from scalelab.analysis.scaling import grid_cells
+    from scalelab.scale_vectors.scaling import grid_cells
     from scalelab.model import Transformer
 
     pre, rows = params.pretrain, []
@@ -118,8 +118,8 @@ def pretrain_rows(name: str, params) -> list[dict]:
 
 
 def hidden_decoding_rows(name: str, params) -> list[dict]:
-    from scalelab.model.hidden_decoding import flops_per_token
-    from scalelab.train.hidden_decoding import cell_steps
+    from scalelab.hidden_decoding.model import flops_per_token
+    from scalelab.hidden_decoding.train import cell_steps
 
     hd, rows = params.hidden_decoding, []
     tc = hd.train

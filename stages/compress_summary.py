@@ -24,7 +24,7 @@ def main(params: Params) -> None:
     import polars as pl
 
     from scalelab import tracking
-    from scalelab.analysis import claims
+    from scalelab.ledger import claims
     from scalelab.compress import ledger, summary
     from scalelab.data import atomic_dir, write_json_atomic
 

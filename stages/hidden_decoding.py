@@ -31,8 +31,8 @@ def train(params: Params, args: argparse.Namespace) -> None:
     name, shards = f"{args.cell}-{args.seed}", Path("data/tokens")
     out_dir = Path("data/hidden_decoding") / name
 
-    from scalelab.train import hidden_decoding as hdt
-    from scalelab.train import hidden_decoding_continued as hdc
+    from scalelab.hidden_decoding import train as hdt
+    from scalelab.hidden_decoding import continued as hdc
 
     try:
         backbone_config = hdt.cell_backbone_config(hd, args.cell)
@@ -44,7 +44,7 @@ def train(params: Params, args: argparse.Namespace) -> None:
         raise ParamsError(f"cell {args.cell}: {err}") from None
 
     from scalelab import tracking
-    from scalelab.train.hidden_decoding_task import cell_train, task_of
+    from scalelab.hidden_decoding.task import cell_train, task_of
 
     steps = hdt.cell_steps(hd, args.cell, backbone_config)
     corpus = hdt.load_corpus(hd, args.cell, shards, Path("data/prepared"), hdt.backbone_tokenizer(hd))
@@ -54,7 +54,7 @@ def train(params: Params, args: argparse.Namespace) -> None:
               "model": model_cfg.model_dump(mode="json"), "source": hd.source.model_dump(mode="json"),
               "train": cell_train(hd, args.cell).model_dump(mode="json")}
     run_id = hdc.resume_run_id(hd, args.cell, args.seed, out_dir, corpus, backbone_config)
-    data_dep = ("src/scalelab/data/parity_task.py" if task else "data/prepared" if hd.uses_text()
+    data_dep = ("src/scalelab/hidden_decoding/parity_task.py" if task else "data/prepared" if hd.uses_text()
                 else str(shards / "meta.json"))
     with tracking.stage_run(f"hidden_decoding@{name}", params=logged, experiment=params.tracking.experiment,
                             deps=[data_dep, hd.source_dep], run_id=run_id) as run:

@@ -1,7 +1,7 @@
 """DVC stage `hidden_decoding_summary`: last-stream validation loss by n at equal tokens and at equal FLOPs, SFA vs
 full attention, and the Hidden Decoding claims ledger: each entry with its regime and its premises, every n > 1 cell's
 recovery of its step-0 gap read from the cells' validation curves (plots/hidden_decoding). On the parity corpus: the
-largest K each arm solved and the parity probe's ledger (scalelab.analysis.hd_parity) instead.
+largest K each arm solved and the parity probe's ledger (scalelab.hidden_decoding.parity) instead.
 
 Outs: data/hidden_decoding_summary/{cells.csv, gain_vs_n.png, curves.png, mlflow_run.json},
 metrics/hidden_decoding.json, metrics/claims_c.json, plots/hidden_decoding_gain.csv.
@@ -21,8 +21,8 @@ def main(params: Params) -> None:
 
     from scalelab import tracking
     from scalelab.data import DataError, atomic_dir, write_json_atomic
-    from scalelab.analysis import claims as ledger
-    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.ledger import claims as ledger
+    from scalelab.hidden_decoding import ledger as hdr
 
     out = Path("data/hidden_decoding_summary")
     logged = {"grid": hd.grid, "seeds": hd.seeds, "cells": {c: hd.cells[c].model_dump(mode="json") for c in hd.grid},
@@ -61,11 +61,11 @@ def main(params: Params) -> None:
 
 
 def parity(hd, logged: dict, experiment: str, out: Path) -> None:
-    """A parity probe's summary: the largest K each arm solved (its table) and its ledger (scalelab.analysis.hd_parity)."""
+    """A parity probe's summary: the largest K each arm solved (its table) and its ledger (scalelab.hidden_decoding.parity)."""
     from scalelab import tracking
-    from scalelab.analysis import claims as ledger
-    from scalelab.analysis import hd_parity
-    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.ledger import claims as ledger
+    from scalelab.hidden_decoding import parity as hd_parity
+    from scalelab.hidden_decoding import ledger as hdr
     from scalelab.data import DataError, atomic_dir, write_json_atomic
 
     metrics = Path("metrics/hidden_decoding")

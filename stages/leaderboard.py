@@ -14,13 +14,14 @@ from scalelab.pipeline.stage import stage_main
 
 
 def main(params: Params) -> None:
-    from scalelab.train import optbench
+    from scalelab.optbench import sweep as optbench
 
     ob = optbench.bench(params)  # the section checked before any work
     from scalelab import tracking
     from scalelab.data import atomic_dir, write_json_atomic
-    from scalelab.analysis import claims, claims_b, leaderboard as lb
-    from scalelab.analysis.optbench_data import Bench, load_cells, load_curves
+    from scalelab.ledger import claims
+    from scalelab.optbench import claims as claims_b, leaderboard as lb
+    from scalelab.optbench.data import Bench, load_cells, load_curves
 
     out, metrics = Path("data/optimizers/leaderboard"), Path("metrics/optimizers")
     with tracking.stage_run("leaderboard", params={"optimizers": ob.model_dump(mode="json")},

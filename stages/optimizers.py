@@ -7,7 +7,7 @@
 The protocol (LR grid and its extension, second hyperparameters, budgets) is scalelab.config.optbench's docstring.
 A cell is an optimizer's whole sweep at one size, not a single run: a process costs ~2-9 s before it trains
 (imports, DVC, MLflow) against ~2-6 s per run at the default profile, and one process per sweep also times the
-optimizer's steps interleaved with the baseline's (scalelab.train.optbench_timing.step_time_ratio). A pinned arm's
+optimizer's steps interleaved with the baseline's (scalelab.optbench.timing.step_time_ratio). A pinned arm's
 sweep reads the baseline's sweep metrics at its size (its side-group LR is the baseline's tuned LR), so it runs after
 the baseline's sweep cell.
 Outs (<stage> = sweep or seeds): data/optimizers/<stage>/<optimizer>-<size>/ (persistent: one folder per run with
@@ -34,7 +34,7 @@ def main(params: Params, args: argparse.Namespace) -> None:
     params.optimizers.check_cell(args.optimizer, args.size)  # names first, before the trainer's imports
     from scalelab import tracking
     from scalelab.data import DataError, write_json_atomic
-    from scalelab.train import optbench
+    from scalelab.optbench import sweep as optbench
 
     kind, name = ("seeds" if args.seeds else "sweep"), f"{args.optimizer}-{args.size}"
     pinned = "_pinned" if args.optimizer in params.optimizers.pinned else ""

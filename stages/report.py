@@ -18,7 +18,7 @@ OUT, CURVES = Path("data/report"), Path("plots/report/val_loss_curves.csv")
 def main(params: Params) -> None:
     from scalelab import tracking
     from scalelab.data import atomic_dir, write_json_atomic
-    from scalelab.analysis import report
+    from scalelab.ledger import report
 
     g, ev = params.pretrain.grid, params.evaluate
     cells = [{"name": f"{v}-{s}-base-{seed}", "variant": v, "size": s, "seed": seed}

@@ -17,7 +17,8 @@ def main(params: Params) -> None:
 
     from scalelab import tracking
     from scalelab.data import atomic_dir, write_json_atomic
-    from scalelab.analysis import claims, claims_a, scaling
+    from scalelab.ledger import claims
+    from scalelab.scale_vectors import claims as claims_a, scaling
 
     out = Path("data/scaling")
     logged = {"scaling": params.scaling.model_dump(mode="json"), "grid": params.pretrain.grid.model_dump(mode="json")}

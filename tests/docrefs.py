@@ -15,7 +15,7 @@ A newcomer copies what a page shows. So every thing a page names that the checko
   scalelab subcommand or script of the repository declares;
 - a dotted name in inline code whose first part is a params section (`pretrain.devices`, `optim.<name>.lr`): a key of
   the params schema; one that starts with `scalelab.` or is not a params key but is `scalelab.<name>`: a module or
-  attribute of the library (`scalelab.analysis.claims:claim` too);
+  attribute of the library (`scalelab.ledger.claims:claim` too);
 - a YAML block: it loads, and unless its first line is a comment naming another file, it is valid under the params
   schema as a part of params.yaml (its sections' keys replace params.yaml's, machine settings inline refused, as
   `load_params` refuses them); a first line naming params.yaml or a profile (`# configs/cpu-study.yaml`) says the

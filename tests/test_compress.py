@@ -503,7 +503,7 @@ def test_calibration_never_reads_the_validation_split(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
     from scalelab.compress import cells
-    from scalelab.compress.data import Streams
+    from scalelab.data.streams import Streams
 
     folder, rng = _hf_folder(tmp_path), np.random.default_rng(0)
     train = rng.integers(0, V, 4000).astype(np.uint16)
@@ -525,7 +525,7 @@ def test_calibration_is_computed_once_per_seed_and_shared(tmp_path, monkeypatch)
     the ones a calibration of its own gives."""
     from scalelab.compress import cells, shared
     from scalelab.compress.calibrate import calibration_batches
-    from scalelab.compress.data import Streams
+    from scalelab.data.streams import Streams
     from scalelab.model import hf
 
     folder, rng = _hf_folder(tmp_path), np.random.default_rng(0)
@@ -558,7 +558,7 @@ def test_calibration_is_computed_once_per_seed_and_shared(tmp_path, monkeypatch)
 
 def test_val_tokens_the_split_cannot_supply_is_an_error(tmp_path, monkeypatch):
     from scalelab.compress import cells
-    from scalelab.compress.data import Streams
+    from scalelab.data.streams import Streams
     from scalelab.data import DataError
 
     folder, rng = _hf_folder(tmp_path), np.random.default_rng(0)
@@ -685,7 +685,7 @@ def _study(alloc_ranks: bool = True, sigma_sens: float | None = None):
 
 
 def test_summary_claims_follow_the_measured_differences(tmp_path):
-    from scalelab.analysis import claims
+    from scalelab.ledger import claims
     from scalelab.compress import ledger, summary
 
     cells, layers, cfg = _study()
@@ -856,8 +856,8 @@ def test_the_committed_study_follows_from_its_cells(tmp_path):
     import shutil
 
     from conftest import assert_same_ledger
-    from scalelab.analysis import claims
-    from scalelab.analysis.studies import generator
+    from scalelab.ledger import claims
+    from scalelab.ledger.studies import generator
     from scalelab.study import cells, ledger, spec
 
     root = Path(__file__).resolve().parents[1]

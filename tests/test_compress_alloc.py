@@ -229,7 +229,7 @@ def _hf_folder(tmp_path):
 
 def test_sigmascale_sens_and_svd_llm_sens_get_the_same_ranks_from_one_table(tmp_path, monkeypatch):
     from scalelab.compress import cells
-    from scalelab.compress.data import Streams
+    from scalelab.data.streams import Streams
     from scalelab.compress.rank import rank_for
     from scalelab.config import CompressConfig
 

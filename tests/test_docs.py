@@ -123,7 +123,7 @@ def refresh(text: str, root: Path = ROOT) -> str:
 
 # ---------------------------------------------------------------- generic tables for the pages
 def ledger_table(entries: list[dict]) -> str:
-    """A committed ledger (the claims format of scalelab.analysis.claims) as a table: claim, effect ± spread, seeds,
+    """A committed ledger (the claims format of scalelab.ledger.claims) as a table: claim, effect ± spread, seeds,
     verdict with its reason. For a page that shows a study's entries as they stand."""
     rows = ["| claim | effect ± spread | seeds | verdict |", "|---|---|---|---|"]
     for e in entries:
@@ -191,10 +191,10 @@ def sizes_table(*profiles: dict) -> str:
 
 
 def _profile_name(raw: dict) -> str:
-    for path in (ROOT / "params.yaml", *sorted((ROOT / "configs").glob("*.yaml"))):
-        import yaml
+    from scalelab.config.params import read_yaml
 
-        if yaml.safe_load(path.read_text()) == raw:
+    for path in (ROOT / "params.yaml", *sorted((ROOT / "configs").glob("*.yaml"))):
+        if read_yaml(path) == raw:  # a profile composed over its base
             return f"`{path.relative_to(ROOT)}`"
     return "a profile"
 
@@ -413,6 +413,15 @@ def test_the_modules_import_without_cycles():
 
 def test_the_packages_import_without_cycles():
     assert layers(package_imports(ROOT / "src/scalelab", ROOT / "stages", ROOT / "flows"))[1] == []
+
+
+PAPERS = ("scale_vectors", "optbench", "hidden_decoding", "compress")  # one package per paper (docs/architecture.md)
+
+
+def test_the_papers_import_only_the_core_and_the_ledger():
+    """A paper's package is whole: it imports the shared core and `ledger`, never another paper's package."""
+    graph = package_imports(ROOT / "src/scalelab")
+    assert {p: graph[p] & set(PAPERS) for p in PAPERS} == {p: set() for p in PAPERS}
 
 
 def test_the_package_root_holds_only_its_init():

@@ -47,7 +47,7 @@ def _root_with_a_broken_makefile(tmp_path: Path) -> Path:
 GOOD = """# A page
 
 See [here](here.md) and [the section](here.md#here); `benchmarks/b.py`, `data/pretrain/<cell>/model`,
-`metrics/claims_<a|b>.json` (an out), `pretrain.max_steps`, `optim.<name>.lr`, `scalelab.analysis.claims:claim`.
+`metrics/claims_<a|b>.json` (an out), `pretrain.max_steps`, `optim.<name>.lr`, `scalelab.ledger.claims:claim`.
 Run `make repro` (`--workers` sets how many), `scalelab repro --workers 2 --target pretrain@unified-s-0`, `python benchmarks/b.py --steps 3`.
 
 ```bash
@@ -94,7 +94,7 @@ BROKEN = [
     ("`data/pretrain/<cell>/model`", "`data/pretrained/<cell>/model`", "path"),
     ("`pretrain.max_steps`", "`pretrain.max_step`", "name"),
     ("`optim.<name>.lr`", "`optim.<name>.learning_rate`", "name"),
-    ("scalelab.analysis.claims:claim", "scalelab.analysis.claims:claimz", "name"),
+    ("scalelab.ledger.claims:claim", "scalelab.ledger.claims:claimz", "name"),
     ("`make repro`", "`make reproduce`", "make target"),
     ("`make repro`", "`make clean-outputs`", "make target"),  # declared, no recipe
     ("--workers 2", "--worker 2", "scalelab flag"),

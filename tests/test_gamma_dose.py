@@ -1,4 +1,4 @@
-"""The γ weight-decay dose-response (scalelab.analysis.dose_a): its runs read from a study's pretrain cells (the dose
+"""The γ weight-decay dose-response (scalelab.scale_vectors.dose): its runs read from a study's pretrain cells (the dose
 from each cell's recipe), the paired dose table, and the wd_in / wd_out claims decided at one dose by their measured
 premises (γ moved, the per-step pull, the final norm not decayed or measured apart)."""
 
@@ -12,7 +12,8 @@ import test_scaling  # noqa: F401  (registers the decay premises' mutants: gamma
 import yaml
 from mutants import mutant, mutation_checks
 
-from scalelab.analysis import claims, dose_a, premises_a
+from scalelab.ledger import claims
+from scalelab.scale_vectors import dose as dose_a, premises as premises_a
 
 ROOT = Path(__file__).resolve().parents[1]
 T = "tests/test_gamma_dose.py::"

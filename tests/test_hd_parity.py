@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from scalelab.analysis import claims, hd_parity
-from scalelab.analysis import hd_premises as hdp
-from scalelab.analysis.window_floor import expected_window_loss, val_phases
+from scalelab.ledger import claims
+from scalelab.hidden_decoding import parity as hd_parity
+from scalelab.hidden_decoding import premises as hdp
+from scalelab.hidden_decoding.window_floor import expected_window_loss, val_phases
 from scalelab.config import HiddenDecodingConfig
 from scalelab.data.loader import val_batches
-from scalelab.data.parity_task import AT_LEAST, BELOW, EVEN, ODD, PAUSE, SEP, ParityTask
-from scalelab.model.hidden_decoding_answers import scored_targets
+from scalelab.hidden_decoding.parity_task import AT_LEAST, BELOW, EVEN, ODD, PAUSE, SEP, ParityTask
+from scalelab.hidden_decoding.answers import scored_targets
 from scalelab.model.transformer import ModelOutput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +127,7 @@ def test_answer_metrics_read_the_answer_tokens_only():
 # ------------------------------------------------------------------ the cells
 def probe_config(cells: dict, steps: int = 30, **train) -> HiddenDecodingConfig:
     return HiddenDecodingConfig(
-        source={"init": SHAPE}, source_dep="src/scalelab/model/hidden_decoding_io.py", cells=cells, grid=list(cells),
+        source={"init": SHAPE}, source_dep="src/scalelab/hidden_decoding/io.py", cells=cells, grid=list(cells),
         train={"corpus": "parity", "parity": {"blocks": 2, "val_windows": 32, "tokens": 20_000}, "batch_size": 16,
                "max_steps": steps, "val_every": 10, "ckpt_every": 10, "threads": 1,
                "optimizer": {"lr": 3e-3, "weight_decay": 0.0}, **train})
@@ -136,8 +137,8 @@ def test_a_parity_cell_trains_a_seeded_random_backbone_on_its_task(tmp_path):
     """Every cell of a seed starts from the same random backbone (the pause control and n = 2 included), another
     seed from another; a cell's metrics hold its answer loss and accuracy on its own task's windows, its curve the
     validation before the first step, which a forward-only cell of the same model measures alike."""
-    from scalelab.model.hidden_decoding_io import from_source
-    from scalelab.train import hidden_decoding as hdt
+    from scalelab.hidden_decoding.io import from_source
+    from scalelab.hidden_decoding import train as hdt
 
     cfg = probe_config({"n1": {"bits": 4}, "pause": {"bits": 4, "pauses": 4}, "n2": {"n_streams": 2, "bits": 4},
                         "start": {"bits": 4, "forward_only": True},
@@ -160,7 +161,7 @@ def test_a_parity_cell_trains_a_seeded_random_backbone_on_its_task(tmp_path):
     assert not (tmp_path / "start/model/model.safetensors").exists()  # a start measured keeps no weights
 
     # the hinted control trains and validates on the hints: the same blocks as the plain control, other targets
-    from scalelab.train.hidden_decoding_task import BlockDataModule, cell_train, task_of, task_shards
+    from scalelab.hidden_decoding.task import BlockDataModule, cell_train, task_of, task_shards
 
     shards, _ = task_shards(cfg, "hinted")
     dm = BlockDataModule(task_of(cfg, "hinted"), shards, cell_train(cfg, "hinted"), 0)
@@ -179,7 +180,7 @@ def test_a_continued_cell_adds_its_streams_to_the_backbone_it_trained(tmp_path):
     on its own budget, weight for weight."""
     from safetensors.torch import load_file
 
-    from scalelab.train import hidden_decoding_continued as hdc
+    from scalelab.hidden_decoding import continued as hdc
 
     cont = {"n_streams": 2, "bits": 4, "positions": "shared", "start": "gated", "backbone_steps": 20}
     cfg = probe_config({"cont": cont, "scratch": {k: v for k, v in cont.items() if k != "backbone_steps"},
@@ -232,7 +233,7 @@ def ladder_config(ks=(6,), arms=ARMS) -> HiddenDecodingConfig:
     """Each arm at each K of the ladder, cells named <arm>-k<K>; a pause arm with K pause tokens."""
     cells = {f"{a}-k{K}": {k: v for k, v in c.items() if k != "pauses"} | {"bits": K, "pauses": K * ("pauses" in c)}
              for K in ks for a, c in arms.items()}
-    return HiddenDecodingConfig(source={"init": SHAPE}, source_dep="src/scalelab/model/hidden_decoding_io.py",
+    return HiddenDecodingConfig(source={"init": SHAPE}, source_dep="src/scalelab/hidden_decoding/io.py",
                                 cells=cells, grid=list(cells), seeds=[0, 1, 2], train={"corpus": "parity"})
 
 
@@ -369,7 +370,7 @@ def _(monkeypatch):
 
 @mutant("hd-answers-every-target")  # the answer metrics averaged over every target, bits included
 def _(monkeypatch):
-    import scalelab.model.hidden_decoding_answers as answers
+    import scalelab.hidden_decoding.answers as answers
 
     real = answers.scored_targets
     monkeypatch.setattr(answers, "scored_targets", lambda model, batches, select: real(
@@ -379,14 +380,14 @@ def _(monkeypatch):
 
 @mutant("hd-start-validation-off")  # no validation before the first step
 def _(monkeypatch):
-    from scalelab.train import hidden_decoding as hdt
+    from scalelab.hidden_decoding import train as hdt
 
     monkeypatch.setattr(hdt.StartValidation, "on_train_start", lambda *a: None)
 
 
 @mutant("hd-continued-from-scratch")  # a continued cell's streams built on a fresh random backbone, not the trained one
 def _(monkeypatch):
-    from scalelab.train import hidden_decoding_continued as hdc
+    from scalelab.hidden_decoding import continued as hdc
 
     real = hdc.streams_phase
     monkeypatch.setattr(hdc, "streams_phase", lambda hd, cell, out_dir: real(hd, cell, out_dir).model_copy(

@@ -14,11 +14,12 @@ from mutants import mutant, mutation_checks
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from scalelab.config import HiddenDecodingConfig, HiddenDecodingModelConfig, ModelConfig, ModelSource
-from scalelab.model import Transformer, export_hf, stream_window
+from scalelab.model import Transformer, export_hf
+from scalelab.hidden_decoding import window as stream_window
 from scalelab.model.hf import load_causal_lm
-from scalelab.model.hidden_decoding import HiddenDecodingLM, StreamCache, attended_pairs
-from scalelab.model.hidden_decoding_dense import dense_run_layers, mixing_mask
-from scalelab.model.hidden_decoding_io import from_source, load_hidden_decoding, save_hidden_decoding
+from scalelab.hidden_decoding.model import HiddenDecodingLM, StreamCache, attended_pairs
+from scalelab.hidden_decoding.dense import dense_run_layers, mixing_mask
+from scalelab.hidden_decoding.io import from_source, load_hidden_decoding, save_hidden_decoding
 
 V = 64
 ROOT = Path(__file__).resolve().parents[1]
@@ -397,7 +398,7 @@ def test_bad_inputs_fail_with_one_clear_line():
 
 # ------------------------------------------------------------------ FLOPs and training
 def test_flops_are_counted_by_mask_and_controls_match_them():
-    from scalelab.train.hidden_decoding import cell_steps
+    from scalelab.hidden_decoding.train import cell_steps
 
     T = 16
     cells = {"n4": {"n_streams": 4}, "n1_flops_n4": {"n_streams": 1, "flops_of": {"n_streams": 4}}}
@@ -439,7 +440,7 @@ def _write_shards(folder, seed=0):
 
 def test_a_local_llama_continues_training(tmp_path):
     """The same code continues a Hugging Face Llama from a local folder: the last-stream loss falls."""
-    from scalelab.train.hidden_decoding import fit_cell
+    from scalelab.hidden_decoding.train import fit_cell
 
     llama(layers=2).save_pretrained(tmp_path / "llama")
     _write_shards(tmp_path / "tokens")
@@ -472,7 +473,7 @@ def test_a_local_llama_with_its_own_vocabulary_trains_on_the_prepared_corpus(tmp
     a folder with that tokenizer; a changed corpus changes the config hash."""
     import polars as pl
 
-    from scalelab.train import hidden_decoding as hdt
+    from scalelab.hidden_decoding import train as hdt
 
     folder, prepared = _own_vocab_llama(tmp_path / "llama"), _prepared(tmp_path / "prepared")
     cfg = HiddenDecodingConfig(
@@ -578,7 +579,7 @@ def test_an_interrupted_cell_resumes_to_the_uninterrupted_result(tmp_path, monke
     """fit_cell killed after its step-4 checkpoint, then rerun: it trains only steps 5..8 and ends with the
     uninterrupted run's losses, curve and weights (extra tables included); a changed backbone is a new config
     hash, so its checkpoint would not be resumed."""
-    from scalelab.train import hidden_decoding as hdt
+    from scalelab.hidden_decoding import train as hdt
 
     llama(layers=2).save_pretrained(tmp_path / "llama")
     _write_shards(tmp_path / "tokens")
@@ -622,7 +623,7 @@ def _final(cells):
 
 
 def test_summary_pairs_cells_by_role_and_seed(tmp_path):
-    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.hidden_decoding import ledger as hdr
 
     cfg = HiddenDecodingConfig(
         cells={"n1": {}, "n2": {"n_streams": 2}, "n4": {"n_streams": 4},
@@ -666,7 +667,7 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
 
 
 def _probe_setting(premises=()):
-    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.hidden_decoding import ledger as hdr
 
     cfg = HiddenDecodingConfig(cells={"n1": {}, "n2": {"n_streams": 2}, "n4": {"n_streams": 4},
                                       "n4full": {"n_streams": 4, "attention": "full"}},
@@ -678,7 +679,7 @@ def test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise():
     """SFA keeping half of full's gain is contradicted (the claim asks 80%); without a reproduced full-attention
     gain, or without a reproduced gain at the smaller n, those claims are untested and say why, whatever their own
     interval shows."""
-    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.hidden_decoding import ledger as hdr
 
     seeds = lambda x, j=(-0.002, 0.0, 0.003): [x + d for d in j]
     cmp = {"gain_tokens": {2: seeds(0.08), 4: seeds(0.05, (0.001, -0.003, 0.002))}, "gain_flops": {},
@@ -701,7 +702,7 @@ def test_sfa_and_growth_claims_can_fail_and_wait_for_their_premise():
 
 
 def ledger_fields():
-    from scalelab.analysis.claims import FIELDS
+    from scalelab.ledger.claims import FIELDS
 
     return FIELDS
 
@@ -741,8 +742,8 @@ def _brute_window_loss(task, windows, prior, T):
 def test_the_window_floor_equals_a_brute_force_enumeration(task, T):
     """The forward recursion over (true state, predictor's belief) equals enumerating every hypothesis, for plain
     and modular sums (whose sum tokens look like digits), with a phase prior unlike the windows' phases."""
-    from scalelab.analysis import window_floor as wf
-    from scalelab.data.sum_task import SumTask
+    from scalelab.hidden_decoding import window_floor as wf
+    from scalelab.hidden_decoding.sum_task import SumTask
 
     task = SumTask(*task)
     windows = Counter({p: 1 + p for p in range(task.period)})
@@ -757,9 +758,9 @@ def test_the_floor_follows_the_loaders_windows():
     sits well above the stationary floor; the phases are the loader's own."""
     import statistics
 
-    from scalelab.analysis import window_floor as wf
+    from scalelab.hidden_decoding import window_floor as wf
     from scalelab.data.loader import train_batch, val_batches
-    from scalelab.data.sum_task import SumTask, shard_lengths
+    from scalelab.hidden_decoding.sum_task import SumTask, shard_lengths
 
     task, T, val_tokens = SumTask(4, 3, 0), 56, 8192
     floors = wf.sum_task_floors(task, T, val_tokens)
@@ -788,9 +789,9 @@ def test_the_floor_follows_the_loaders_windows():
 def test_a_probe_without_room_is_untested():
     """The same clear gains read reproduced on a probe with room and a positive control that gains, and untested
     when n = 1 has already closed ROOM of the gap to the windows' floor, or with no positive control."""
-    from scalelab.analysis import hd_premises as hdp
-    from scalelab.analysis import hidden_decoding as hdr
-    from scalelab.analysis.window_floor import Floors
+    from scalelab.hidden_decoding import premises as hdp
+    from scalelab.hidden_decoding import ledger as hdr
+    from scalelab.hidden_decoding.window_floor import Floors
 
     floors = Floors(floor=0.77, sum_blind=1.07, stationary=0.73)
     control = hdp.positive_control([0.02, 0.025, 0.03])
@@ -812,7 +813,7 @@ def test_a_probe_without_room_is_untested():
 def test_a_continued_pretraining_waits_for_the_step0_gap(tmp_path):
     """n = 2 behind n = 1 with its gap still shrinking is untested; once the gap has stopped shrinking (or n = 2
     is level) the same final numbers are decided; a single validation gives no trend."""
-    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.hidden_decoding import ledger as hdr
 
     cfg = HiddenDecodingConfig(cells={"n1": {}, "n2": {"n_streams": 2}}, grid=["n1", "n2"], seeds=[0, 1, 2])
     end = {"n1": [3.46, 3.47, 3.45], "n2": [3.56, 3.58, 3.57]}
@@ -840,7 +841,7 @@ def test_a_gated_continued_pretraining_is_decided_only_once_its_gates_opened():
     """Under the gated start n = 2 begins level with n = 1, so recovery holds at once; the comparison tests the method
     only where the gates opened (mean α ≥ GATE_OPEN in every seed): a nearly closed gate, or none logged, is untested
     on the same final numbers that decide the claim once the gate is open."""
-    from scalelab.analysis import hidden_decoding as hdr
+    from scalelab.hidden_decoding import ledger as hdr
 
     cfg = HiddenDecodingConfig(positions="shared", cells={"n1": {}, "n2": {"n_streams": 2, "start": "gated"}},
                                grid=["n1", "n2"], seeds=[0, 1, 2])
@@ -864,7 +865,8 @@ def test_the_study_ledgers_are_rederived_and_its_readme_current():
     number outside them."""
     from test_docs import refresh, stray_numbers
 
-    from scalelab.analysis import claims, hd_study
+    from scalelab.ledger import claims
+    from scalelab.hidden_decoding import study as hd_study
 
     folder = ROOT / "results/hidden-decoding"
     plain = lambda x: json.loads(json.dumps(x))  # noqa: E731
@@ -873,7 +875,7 @@ def test_the_study_ledgers_are_rederived_and_its_readme_current():
             assert plain(hd_study.part_entries(folder, part)) == claims.read_claims(folder / part / "claims.json"), part
         ledger = claims.read_claims(folder / "claims_c.json")
         assert plain(hd_study.study_ledger(folder)) == ledger
-    assert json.loads((folder / "study.json").read_text())["generator"] == "scalelab.analysis.hd_study:study_ledger"
+    assert json.loads((folder / "study.json").read_text())["generator"] == "scalelab.hidden_decoding.study:study_ledger"
     why = {e["id"]: e["verdict"] for e in ledger}
     assert all(v.startswith("untested (room: ") for k, v in why.items() if k.startswith("probe-v3."))
     assert all(v.startswith("untested (n2 recovered its step-0 gap: ") for k, v in why.items()
@@ -900,7 +902,7 @@ def test_the_gated_start_is_the_backbone_at_step0_and_then_opens(make, n, mixing
     assert len(model.mix_gates) == len(model.mixing_layers) > 0
     model(x, x).loss.backward()
     assert all(float(g.grad.abs()) > 0 for g in model.mix_gates)
-    from scalelab.train.hidden_decoding import gate_mean
+    from scalelab.hidden_decoding.train import gate_mean
 
     assert gate_mean(model) == 0.0
     with torch.no_grad():
@@ -955,7 +957,7 @@ def _(monkeypatch):
 
 @mutant("hd-resume-ignored")  # the checkpoint is claimed but the run starts over from the backbone
 def _(monkeypatch):
-    from scalelab.train import hidden_decoding as hdt
+    from scalelab.hidden_decoding import train as hdt
 
     real = hdt.claim_ckpt_dir
     monkeypatch.setattr(hdt, "claim_ckpt_dir", lambda *a, **k: real(*a, **k) and None)
@@ -963,7 +965,7 @@ def _(monkeypatch):
 
 @mutant("hd-hash-ignores-backbone")  # the backbone's files left out of the config hash
 def _(monkeypatch):
-    from scalelab.train import hidden_decoding as hdt
+    from scalelab.hidden_decoding import train as hdt
 
     monkeypatch.setattr(hdt, "source_digest", lambda location: location)
 
@@ -1002,7 +1004,7 @@ def _(monkeypatch):
 
 @mutant("hd-folder-loads-as-backbone")  # the backbone's config.json left in the HD folder
 def _(monkeypatch):
-    from scalelab.model import hidden_decoding_io as io
+    from scalelab.hidden_decoding import io
 
     real = io.save_hidden_decoding
 
@@ -1022,15 +1024,15 @@ def _(monkeypatch):
 
 @mutant("hd-reference-premise-off")  # SFA and growth claims decided whatever the gain they are measured against
 def _(monkeypatch):
-    from scalelab.analysis import claims as ledger
-    from scalelab.analysis import hd_premises as hdp
+    from scalelab.ledger import claims as ledger
+    from scalelab.hidden_decoding import premises as hdp
 
     monkeypatch.setattr(hdp, "shown", lambda name, diffs, level, need: ledger.premise(name, "off", True, need))
 
 
 @mutant("hd-room-premise-off")  # a probe's n = 1 model may have closed the whole gap: only "learns the task" checked
 def _(monkeypatch):
-    from scalelab.analysis import hd_premises as hdp
+    from scalelab.hidden_decoding import premises as hdp
 
     real = hdp.probe_premises
     monkeypatch.setattr(hdp, "probe_premises", lambda floors, n1_loss: real(floors, n1_loss)[:1])
@@ -1038,15 +1040,15 @@ def _(monkeypatch):
 
 @mutant("hd-recovery-premise-off")  # continued pretraining read whether or not n > 1 recovered its start
 def _(monkeypatch):
-    from scalelab.analysis import claims as ledger
-    from scalelab.analysis import hd_premises as hdp
+    from scalelab.ledger import claims as ledger
+    from scalelab.hidden_decoding import premises as hdp
 
     monkeypatch.setattr(hdp, "recovered", lambda cell, points: ledger.premise(f"{cell} recovered", "off", True, ""))
 
 
 @mutant("hd-floor-ignores-alignment")  # the validation windows taken to start at a block's first token
 def _(monkeypatch):
-    from scalelab.analysis import window_floor as wf
+    from scalelab.hidden_decoding import window_floor as wf
 
     real = wf.val_phases
     monkeypatch.setattr(wf, "val_phases", lambda *a: Counter({0: sum(real(*a).values())}))
@@ -1110,7 +1112,7 @@ test_a_broken_hidden_decoding_is_caught = mutation_checks(CAUGHT)
 def test_a_table_warmup_trains_only_what_hidden_decoding_adds(tmp_path):
     """During `table_warmup` the backbone's weights stay as they were (AdamW's decay included) while the extra table
     and the gates train; after it the backbone trains too."""
-    from scalelab.train.hidden_decoding import fit_cell
+    from scalelab.hidden_decoding.train import fit_cell
 
     llama(layers=2).save_pretrained(tmp_path / "llama")
     _write_shards(tmp_path / "tokens")
@@ -1143,7 +1145,7 @@ def test_tables_and_gates_train_at_their_own_rates_and_a_higher_one_opens_the_ga
     backbone's opens the gates far more than the backbone's rate does (the dose a CPT study of the gates needs)."""
     from scalelab.config import ScaleConfig
     from scalelab.optim import build_optimizers, own_lrs
-    from scalelab.train.hidden_decoding import fit_cell, gate_mean
+    from scalelab.hidden_decoding.train import fit_cell, gate_mean
 
     llama(layers=2).save_pretrained(tmp_path / "llama")
     _write_shards(tmp_path / "tokens")
@@ -1180,7 +1182,7 @@ def test_tables_and_gates_train_at_their_own_rates_and_a_higher_one_opens_the_ga
 def test_the_start_table_pairs_each_window_with_one_stream(tmp_path):
     """A forward-only cell's gap to the forward-only n = 1 cell of its seed, window by window: its mean and spread,
     and exactly 0 only when every window's is."""
-    from scalelab.analysis import hd_start
+    from scalelab.hidden_decoding import start as hd_start
 
     cfg = HiddenDecodingConfig(
         positions="shared", grid=["s1", "open", "gated"], seeds=[0],

@@ -17,7 +17,7 @@ from scalelab.config import ParamsError, parse_params
 from scalelab.config import optim as optim_config
 from scalelab.model import Transformer
 from scalelab.optim import build_optimizers, registry
-from scalelab.train import optbench
+from scalelab.optbench import sweep as optbench
 
 PAGE = docrefs.ROOT / "docs" / "howto-add-an-optimizer.md"
 VOCAB = 64

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import docrefs
-from scalelab.analysis import studies
+from scalelab.ledger import studies
 from scalelab.study import spec
 
 PAGE = docrefs.ROOT / "docs" / "howto-rerun-a-study.md"
@@ -22,7 +22,7 @@ def _listed(kind: str) -> list[str]:
 
 
 def test_the_ledger_check_the_page_names_passes_a_study_without_a_ledger(capsys, monkeypatch):
-    assert "`python -m scalelab.analysis.studies`" in PAGE.read_text()
+    assert "`python -m scalelab.ledger.studies`" in PAGE.read_text()
     monkeypatch.chdir(docrefs.ROOT)  # the page's command runs in the project folder
     table = [f for f in _listed("with a spec") if "ledger" not in (RESULTS / f / studies.STUDY).read_text()]
     assert table, "no committed study without a ledger left to check this on"

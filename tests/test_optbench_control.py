@@ -14,12 +14,14 @@ from mutants import mutant, mutation_checks
 from test_optimizers import _batch, _entries, _law, _model, _premise, _synthetic
 from test_train import make_shards
 
-from scalelab.analysis import claims, leaderboard, speedup
-from scalelab.analysis.optbench_data import chosen
+from scalelab.ledger import claims
+from scalelab.optbench import leaderboard, speedup
+from scalelab.optbench.data import chosen
 from scalelab.config import OptBenchConfig, ParamsError, load_params
 from scalelab.model import Transformer
-from scalelab.optim import build_optimizers, protocol
-from scalelab.train import optbench, optbench_run, optbench_timing
+from scalelab.optim import build_optimizers
+from scalelab.optbench import protocol
+from scalelab.optbench import sweep as optbench, runs as optbench_run, timing as optbench_timing
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 64
@@ -302,7 +304,7 @@ def test_the_size_study_profile_and_spec_validate():
     """configs/optbench-sizes.yaml: the six arms at xxs, xs and s, 64 steps, held-out seeds, the control's reference
     and pinned arms (matrix families), the embeddings' multiplier tried at 1, 3, 9, every arm within the stated
     budget of runs; configs/studies/optbench-sizes.yaml names it and the ledger's generator."""
-    from scalelab.analysis import studies
+    from scalelab.ledger import studies
     from scalelab.study import spec
 
     p = load_params(ROOT / "configs" / "optbench-sizes.yaml")
@@ -329,7 +331,7 @@ def test_the_study_generator_reads_the_committed_cells(params, tmp_path):
 
     from conftest import MICRO
 
-    from scalelab.analysis import claims_b
+    from scalelab.optbench import claims as claims_b
 
     bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
     shutil.copy(MICRO, tmp_path / "params.yaml")

@@ -18,11 +18,13 @@ from pytorch_optimizer.optimizer.utils.galore import GaLoreProjector
 from test_train import FailAt, make_shards
 
 from scalelab.config import OptimizerConfig, ParamsError, load_params
-from scalelab.analysis import claims, claims_b, leaderboard, optbench_study, speedup
-from scalelab.analysis.optbench_data import Bench
-from scalelab.train import optbench, optbench_timing
+from scalelab.ledger import claims
+from scalelab.optbench import claims as claims_b, leaderboard, study as optbench_study, speedup
+from scalelab.optbench.data import Bench
+from scalelab.optbench import sweep as optbench, timing as optbench_timing
 from scalelab.model import Transformer
-from scalelab.optim import OPTIMIZERS, build_optimizers, families, hooks, protocol
+from scalelab.optim import OPTIMIZERS, build_optimizers, families, hooks
+from scalelab.optbench import protocol
 from scalelab.train import Cell, fit
 
 MICRO_VOCAB = 64

@@ -174,12 +174,13 @@ def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers
 
 
 def test_a_study_of_hidden_decoding_cells_is_decided_as_the_summary_stage_decides_the_pipelines(built, tmp_path):
-    """The generator of a `scalelab study` of hidden_decoding cells (scalelab.analysis.hidden_decoding:study) reads
+    """The generator of a `scalelab study` of hidden_decoding cells (scalelab.hidden_decoding.ledger:study) reads
     each cell's files where the study keeps them (results/<name>/cells/<cell>/) and writes the ledger the summary
     stage wrote from the same files in this flow run."""
     import shutil
 
-    from scalelab.analysis import claims, hidden_decoding
+    from scalelab.ledger import claims
+    from scalelab.hidden_decoding import ledger as hidden_decoding
 
     ws, _, _ = built
     folder = tmp_path / "hd-study"

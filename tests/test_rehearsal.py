@@ -259,7 +259,7 @@ def test_hidden_decoding_preset_cells_train_with_its_stream_settings(tmp_path, m
     from scalelab.config import HiddenDecodingConfig
     from scalelab.evaluate.lm import load_lm
     from scalelab.evaluate.perplexity import perplexity, val_windows
-    hd_module = importlib.import_module("scalelab.train.hidden_decoding")
+    hd_module = importlib.import_module("scalelab.hidden_decoding.train")
 
     torch.manual_seed(0)
     Qwen3ForCausalLM(Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
@@ -307,7 +307,7 @@ def _ids_tokenizer(tmp: Path, vocab: int) -> Path:
 
 @mutant("rehearsal-hd-positions-ignored")
 def _(monkeypatch):  # the trainer builds the model with another position rule than the preset's
-    hd_module = importlib.import_module("scalelab.train.hidden_decoding")
+    hd_module = importlib.import_module("scalelab.hidden_decoding.train")
     real = hd_module.from_source
 
     def built(source, cfg, device):

@@ -14,8 +14,8 @@ import yaml
 from conftest import MICRO, ROOT
 from mutants import mutant, mutation_checks
 
-from scalelab.analysis import claims, report
-from scalelab.analysis.tables import ledger_frame, md_table
+from scalelab.ledger import claims, report
+from scalelab.ledger.tables import ledger_frame, md_table
 
 REGIME = claims.regime("0.12B Llama, 20-80 tokens/param", params=1000, tokens=40, paper_tokens_per_param=20)
 
@@ -116,7 +116,7 @@ def test_the_report_shows_the_committed_studies_beside_this_run(studies):
 
 
 def test_the_readme_table_lists_what_the_studies_decided(studies):
-    from scalelab.analysis.studies import decided_table
+    from scalelab.ledger.studies import decided_table
 
     root, _ = studies
     table = decided_table(root / "results")
@@ -131,7 +131,7 @@ def test_the_readme_table_lists_what_the_studies_decided(studies):
 def test_a_per_size_entry_without_a_pooled_one_is_the_claim(tmp_path):
     """The compression study decides `d.order.<a>.<b>@<ρ>` at one ρ and has no pooled `d.order.<a>.<b>`: those rows
     are its claims and are listed; a per-size row beside its pooled one is not."""
-    from scalelab.analysis.studies import decided_table
+    from scalelab.ledger.studies import decided_table
 
     _study(tmp_path, "compression", [
         _claim("d.order.svd_llm.asvd@0.75", "SVD-LLM < ASVD at 0.75", "nats", [3.0, 3.2], "7.94 vs 11.14"),
@@ -235,7 +235,7 @@ def _(monkeypatch):
 
 @mutant("study-contract-unchecked")
 def _(monkeypatch):
-    from scalelab.analysis import studies as contract
+    from scalelab.ledger import studies as contract
 
     monkeypatch.setattr(contract, "STUDY_FIELDS", tuple(f for f in contract.STUDY_FIELDS if f != "seeds"))
 
@@ -286,7 +286,7 @@ def test_the_first_screen_shows_a_card_per_paper_in_a_browser(studies):
 
 
 def test_a_planned_study_without_a_slice_reads_not_started(tmp_path):
-    from scalelab.analysis.studies import read_study
+    from scalelab.ledger.studies import read_study
 
     (tmp_path / "results/planned").mkdir(parents=True)
     (tmp_path / "results/planned/README.md").write_text("# planned\n")

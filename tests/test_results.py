@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from scalelab.analysis import claims, claims_a, dose_a, premises_a, scaling, studies
+from scalelab.ledger import claims, studies
+from scalelab.scale_vectors import claims as claims_a, dose as dose_a, premises as premises_a, scaling
 
 STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study"
 DOSE = STUDY.parent / "gamma-wd-dose"

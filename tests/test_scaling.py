@@ -10,8 +10,9 @@ import polars as pl
 import pytest
 
 from scalelab.config import ScaleConfig, ScalingConfig, SizeConfig
-from scalelab.analysis import claims, claims_a, premises_a, scaling
-from scalelab.analysis.powerlaw import PowerLaw, fit_power_law, fit_seeds
+from scalelab.ledger import claims
+from scalelab.scale_vectors import claims as claims_a, premises as premises_a, scaling
+from scalelab.ledger.powerlaw import PowerLaw, fit_power_law, fit_seeds
 from mutants import assert_caught, mutant, mutation_checks
 
 N4 = np.array([5e4, 1e5, 3e5, 7.4e5])

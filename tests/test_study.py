@@ -46,7 +46,7 @@ ledger: claims_a.json
 # The micro study's ledger: an observation per cell (its final validation loss), read from its committed cells
 LEDGER = '''\
 import json
-from scalelab.analysis import claims
+from scalelab.ledger import claims
 from scalelab.study import cells
 
 def ledger(folder):

@@ -21,7 +21,7 @@ import torch
 from scalelab.runtime import placement
 from scalelab.compress.calibrate import calibration_batches, decoder_linears
 from scalelab.compress.compressor import LayerRecord, compress_model
-from scalelab.compress.data import Streams, from_shards, from_text
+from scalelab.data.streams import Streams, from_shards, from_text
 from scalelab.compress.lowrank import num_params, save_lowrank
 from scalelab.compress import keys
 from scalelab.compress.keys import digest

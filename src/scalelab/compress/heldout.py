@@ -82,7 +82,7 @@ def run(cfg, seed: int, keep: float, maps: list[str], model_dir: str | None = No
         prepared: str | None = None) -> dict:
     """The check on `cfg` (a CompressConfig) at calibration seed `seed`, uniform kept fraction `keep`."""
     from scalelab.compress.cells import PREPARED, device
-    from scalelab.compress.data import from_text
+    from scalelab.data.streams import from_text
     from scalelab.compress.diagnose import resolve
     from scalelab.model.hf import load_causal_lm, load_hf_tokenizer
     from scalelab.runtime import placement

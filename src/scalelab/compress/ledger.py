@@ -1,4 +1,4 @@
-"""The compression study's claims ledger, decided by scalelab.analysis.claims' rule (premises first).
+"""The compression study's claims ledger, decided by scalelab.ledger.claims' rule (premises first).
 
 Claims: per-seed differences oriented so that positive is the claim's direction, paired by calibration seed. An id's
 `@ρ` names the kept fraction: the paper states its ordering at one kept fraction, so those claims are per ρ and have
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import polars as pl
 
-from scalelab.analysis import claims
+from scalelab.ledger import claims
 from scalelab.compress.rank import rank_for
 from scalelab.compress.summary import (
     AT_PLATEAU, cells_table, distinct, layers_table, load, maps_table, paired, rows_of, spearman,
@@ -207,7 +207,7 @@ def allocation_pairs(table: pl.DataFrame, cfg: CompressConfig) -> list[tuple[str
 
 def ledger(cells: Sequence[Mapping], layers: Mapping[tuple[str, float, int], Sequence[Mapping]],
            cfg: CompressConfig) -> list[dict]:
-    """Every claim the grid can speak to, decided by scalelab.analysis.claims (premises first, then the interval)."""
+    """Every claim the grid can speak to, decided by scalelab.ledger.claims (premises first, then the interval)."""
     table, maps = cells_table(cells), maps_table(layers)
     smoke = cfg.smoke()  # a SigmaScale that cannot reach its plateau by construction decides nothing: left out
     layer_table = layers_table({k: v for k, v in layers.items() if k[0] in distinct(cfg) - smoke})
@@ -302,7 +302,7 @@ def regenerate(folder: Path) -> list[dict]:
         e = err.errors()[0]
         raise ParamsError(f"{path}: compress.{'.'.join(map(str, e['loc']))}: {e['msg']}") from None
     if (Path(folder) / "cells").is_dir():  # a study run by `scalelab study`: its committed stage cells
-        from scalelab.analysis.studies import cell_files
+        from scalelab.ledger.studies import cell_files
 
         return ledger(*load(Path(folder), cfg, cell_files(folder, "metrics/compress"),
                             cell_files(folder, "plots/compress")), cfg)

@@ -19,7 +19,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from scalelab.analysis.studies import cell_files
+from scalelab.ledger.studies import cell_files
 from scalelab.compress.diagnostics import geo_mean
 
 KINDS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",

@@ -36,7 +36,7 @@ class StreamsConfig(Strict):
     ("tied": every stream reads E_1, the control that isolates what separate tables add), and how n > 1 starts:
     "open" (the method's: the last stream reads the hidden streams from the first step, so n > 1 starts from a
     perturbed function) or "gated" (it reads them through a gate per mixing layer that starts at 0, so n > 1 at
-    step 0 is the backbone exactly; needs token positions in the mixing layers; scalelab.model.hidden_decoding_gate)."""
+    step 0 is the backbone exactly; needs token positions in the mixing layers; scalelab.hidden_decoding.gate)."""
 
     n_streams: PosInt = 1
     attention: Literal["sfa", "full"] = "sfa"  # full: every layer is a mixing layer (the ablation)
@@ -83,7 +83,7 @@ class HiddenDecodingModelConfig(StreamsConfig):
         return POSITIONS[self.positions][layer_kind != "within"]
 
     def local(self, n_layer: int) -> list[int]:
-        """Indices of the local cross-stream layers (scalelab.model.stream_window: (i,s) attends every stream of
+        """Indices of the local cross-stream layers (scalelab.hidden_decoding.window: (i,s) attends every stream of
         the last `local_window` tokens, its own token's up to s). A layer listed here is taken out of the default
         mixing layers; one listed in both `mixing_layers` and `local_layers` is refused."""
         layers = sorted(set(self.local_layers))
@@ -130,7 +130,7 @@ class CellConfig(StreamsConfig):
 
     On the parity corpus (`train.corpus: parity`) every cell names its task: `bits` (K) and `pauses`, the pause tokens
     before the answer (the positive control's kind: one stream with extra positions at the answer), and `hints`: the
-    pauses trained on threshold targets (scalelab.data.parity_task).
+    pauses trained on threshold targets (scalelab.hidden_decoding.parity_task).
     `positions` and `embed_noise` set the section's for this cell alone; `forward_only` trains nothing: the cell is
     its model at step 0 scored on the validation windows (how far a start is from its backbone). `table_warmup`: the
     first steps train only what Hidden Decoding adds (the extra tables, a gated start's gates), the backbone frozen,
@@ -141,7 +141,7 @@ class CellConfig(StreamsConfig):
     `backbone_steps` (a probe's n > 1 cell): continued from a trained one-stream backbone. The cell first trains
     n = 1 on its own task from the seed's random backbone for that many steps, then adds its streams to it and trains
     the rest of `train.max_steps`, so it spends the same steps as a cell trained from scratch
-    (scalelab.train.hidden_decoding_continued)."""
+    (scalelab.hidden_decoding.continued)."""
 
     flops_of: StreamsConfig | None = None
     bits: PosInt | None = None
@@ -185,7 +185,7 @@ class CellConfig(StreamsConfig):
 class ParityConfig(Strict):
     """The parity corpus (`corpus: parity`): token streams of whole blocks `b1 … bK | P… a`, the training windows
     drawn at block boundaries and the validation windows cut there, so every answer in a window follows its K
-    bits (scalelab.data.parity_task)."""
+    bits (scalelab.hidden_decoding.parity_task)."""
 
     blocks: PosInt = 1  # whole blocks per window: a cell's seq_len is blocks × its block length (K + 2 + pauses)
     val_windows: PosInt = 256  # fixed validation windows (val_tokens = val_windows × seq_len)
@@ -198,8 +198,8 @@ class HDTrainConfig(Strict):
 
     `corpus`: the token streams cells train on. "shards": the pipeline's token shards (their vocabulary must be the
     backbone's); "text": the prepared corpus encoded with the backbone's own tokenizer, `text_tokens` tokens of each
-    split (scalelab.compress.data.from_text); "auto": shards for a pretrain cell, text for any other model;
-    "parity": the parity task (scalelab.data.parity_task) of each cell's `bits` and `pauses`, its windows whole blocks
+    split (scalelab.data.streams.from_text); "auto": shards for a pretrain cell, text for any other model;
+    "parity": the parity task (scalelab.hidden_decoding.parity_task) of each cell's `bits` and `pauses`, its windows whole blocks
     (`parity`), seq_len and val_tokens then following from them."""
 
     corpus: Literal["auto", "shards", "text", "parity"] = "auto"
@@ -265,7 +265,7 @@ class BackboneShape(Strict):
 
 
 # What DVC tracks for a random backbone: the code that draws it (its shape is in the tracked params).
-INIT_DEP = "src/scalelab/model/hidden_decoding_io.py"
+INIT_DEP = "src/scalelab/hidden_decoding/io.py"
 
 
 class RandomSource(Strict):

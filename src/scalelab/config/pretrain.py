@@ -104,7 +104,7 @@ class PretrainConfig(Strict):
 
 
 class ScalingConfig(Strict):
-    """The scaling fits and the claims ledger of the scale-vector study (scalelab.analysis.powerlaw, claims_a)."""
+    """The scaling fits and the claims ledger of the scale-vector study (scalelab.ledger.powerlaw, claims_a)."""
 
     min_sizes: Annotated[int, Field(ge=3)] = 3  # below this no fit at all; a fit is identified only with dof > 0
     alpha_bounds: tuple[PosFloat, PosFloat] = (0.02, 2.0)  # α at either bound: "not identified"

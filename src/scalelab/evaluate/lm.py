@@ -87,7 +87,7 @@ def load_lm(path: str | os.PathLike, name: str, dtype: str = "float32", device: 
     try:
         tokenizer = _tokenizer(folder, tokenizer_fallback)
         if (folder / "hidden_decoding.json").is_file():  # Hidden Decoding: n streams per token, the last one predicts
-            from scalelab.model.hidden_decoding_io import load_hidden_decoding
+            from scalelab.hidden_decoding.io import load_hidden_decoding
 
             model = load_hidden_decoding(folder, dtype=dtype, device=dev).eval()
             cfg = model.backbone.config

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.analysis.studies import cell_files
+from scalelab.ledger.studies import cell_files
 from scalelab.study.grid import Cell, Grid, Pipeline, code_hash, key_of
 
 CELLS = "cells"
@@ -179,7 +179,7 @@ def cleanup(results: Path) -> None:
 
 def files(results: Path, prefix: str, suffix: str = "") -> dict[str, Path]:
     """Every committed cell's file under `prefix` (e.g. "metrics/pretrain"), by file name: what a generator reads
-    instead of a flat folder of per-cell files (scalelab.analysis.studies.cell_files, which generators import)."""
+    instead of a flat folder of per-cell files (scalelab.ledger.studies.cell_files, which generators import)."""
     return cell_files(results, prefix, suffix)
 
 

@@ -79,7 +79,7 @@ def update_study_json(spec: StudySpec, root: Path, statuses: list[cells.Status],
 
 def write_ledger(spec: StudySpec, root: Path) -> Path:
     """The study's ledger from its committed cells, by its generator, written where the spec says."""
-    from scalelab.analysis import claims, studies
+    from scalelab.ledger import claims, studies
 
     folder = spec.folder(root)
     entries = studies.generator(spec.generator)(folder)

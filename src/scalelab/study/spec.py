@@ -8,7 +8,7 @@
       - stage: pretrain_recipe
         cells: ["*-xs-*"]                  # ... or those whose cell name matches one of these patterns
     seeds: [0, 1, 2]                       # cells with a `seed` axis: only these seeds
-    generator: scalelab.analysis.claims_a:cpu_study   # fn(results folder) -> ledger entries
+    generator: scalelab.scale_vectors.claims:cpu_study   # fn(results folder) -> ledger entries
     ledger: metrics/claims_a.json          # where the ledger goes, relative to the results folder
     results: results/cpu-study             # default results/<name>
     estimate_s: {pretrain: 60}             # optional: a cell's cost before any cell of its stage was measured

@@ -1,5 +1,5 @@
 """The one trainer every cell trains through: pretrain cells (scalelab.train.fit), the optimizer benchmark's runs
-(through fit) and Hidden Decoding cells (scalelab.train.hidden_decoding). What differs between them is their
+(through fit) and Hidden Decoding cells (scalelab.hidden_decoding.train). What differs between them is their
 LightningModule, their data module and the callbacks they add; the rest is here:
 
 - `train`: the Lightning Trainer with the named callbacks in their order (Throughput first, its timer stopping before

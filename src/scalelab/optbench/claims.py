@@ -1,0 +1,277 @@
+"""The optimizer benchmark's claims ledger: one entry per claim of the registry (scalelab.optbench.papers),
+subject, reference and size, on the held-out rerun seeds only, and an observation for every optimizer no claim
+speaks of. A claim built against every reference has one entry per reference arm: the tuned baseline (ids as the
+registry writes them), then each of `optimizers.references` (ids ending `-vs-<reference>`).
+
+Premises (each measured from the committed cells; any failed one makes the entry untested, its numbers still shown):
+- choice on the seed mean: every arm's configuration was chosen on the mean of ≥ 2 sweep seeds;
+- hyperparameters interior: no tuned hyperparameter of either arm (the LR after the grid's extension, each second
+  hyperparameter after its one pass) sits at an edge of the values tried (scalelab.optbench.protocol.at_edge);
+- embeddings trained like the baseline's: where the optimizer sends the embeddings and LM head to its AdamW side group
+  (the matrix families), that group's LR is within half an LR grid step of the LR the reference trained its
+  embeddings at (its tuned LR × its embedding LR multiplier), so the claim compares the treatment of the matrices
+  and not an embedding LR the reference never had (a pinned arm's side group is at the baseline's tuned LR);
+- reference curve: the reference measured at ≥ 4 data budgets on every held-out seed (three parameters and one dof);
+- in the measured range: every held-out seed's final loss lies within the reference's measured losses (a speed-up
+  beyond them is a bound, never a measurement: the curve had no room for it);
+- budget (claims about the paper's own regime): tokens per parameter within the stated factor of the paper's.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from scalelab.ledger import claims
+from scalelab.optbench.papers import (CLAIMS, CONTROL, EVERY_REFERENCE, UNCLAIMED, WEN_REGIME,
+                                               WEN_TOKENS_PER_PARAM, PaperClaim, claims_about)
+from scalelab.optbench.data import Bench, finals, ok, read_study, size_regime, sweep_seed_count
+from scalelab.optbench.speedup import INSIDE, per_seed, reference
+from scalelab.optim import spec
+from scalelab.optbench.protocol import at_edge
+
+SPEEDUP = ("speed-up in data − 1: tokens the baseline's fitted end-of-run curve needs to reach the optimizer's final "
+           "loss, over the optimizer's tokens (held-out seeds)")
+EQUAL = "final val loss difference at equal tokens (baseline − optimizer), held-out seeds"
+MIN_BUDGETS = 4
+
+
+def regime(bench: Bench, runs: list[dict], size: str, pc: PaperClaim | None) -> dict:
+    """The entry's regime at `size`, beside the claim's paper (an observation: the benchmark protocol's, Wen et
+    al.'s, stated as small-scale)."""
+    paper, tpp, scope = (pc.paper, pc.paper_tokens_per_param, pc.scope) if pc else (WEN_REGIME, WEN_TOKENS_PER_PARAM,
+                                                                                    "small-scale")
+    return claims.regime(paper, **size_regime(bench, runs, size), paper_tokens_per_param=tpp, scope=scope)
+
+
+# ---------------------------------------------------------------- premises
+def seeds_premise(cells: dict, arms: list[tuple[str, str]]) -> dict:
+    n = min(sweep_seed_count(cells[a]) for a in arms)
+    return claims.premise("choice on the seed mean", n, n >= 2, "every arm chosen on the mean of ≥ 2 sweep seeds")
+
+
+def interior_premise(cells: dict, arms: list[tuple[str, str]]) -> dict:
+    edges = [f"{o}-{s} {', '.join(e)}" for o, s in arms if (e := at_edge(cells[o, s]))]
+    return claims.premise("hyperparameters interior", "; ".join(edges) + " at edge" if edges else "none at an edge",
+                          not edges, "every tuned hyperparameter of each arm inside the values tried")
+
+
+def embedding_premise(bench: Bench, cells: dict, opt: str, size: str, ref: str | None = None) -> dict:
+    """The side group's LR (embeddings and LM head) over the LR the reference `ref` (default the baseline) trained
+    its embeddings at, within half a grid step."""
+    ref = ref or bench.baseline
+    tol = math.sqrt(bench.lr_ratio)
+    whose = "the baseline's tuned LR" if ref == bench.baseline else f"{ref}'s tuned embedding LR"
+    need = f"side-group LR within {tol:.3g}x of {whose} (half an LR grid step)"
+    hp, base = cells[opt, size]["best_hp"], cells[ref, size]["best_hp"]
+    if hp is None or base is None:
+        return claims.premise("embeddings trained like the baseline's", "nothing chosen", False, need)
+    side = bench.embedding_lr(opt, hp, cells[opt, size])
+    theirs = bench.embedding_lr(ref, base, cells[ref, size])
+    ratio = side / theirs
+    return claims.premise("embeddings trained like the baseline's",
+                          f"{ratio:.3g}x ({opt}-{size} side LR {side:.3g}, {ref} {theirs:.3g})",
+                          1 / tol <= ratio <= tol, need)
+
+
+def curve_premise(bench: Bench, cells: dict, runs: list[dict], size: str, ref: str | None = None) -> dict:
+    ref = ref or bench.baseline
+    n = min(len(reference(bench, cells, runs, size, s, ref).points) for s in bench.rerun_seeds)
+    who = "the baseline" if ref == bench.baseline else ref
+    return claims.premise("reference curve", f"{size}: {n} budgets", n >= MIN_BUDGETS,
+                          f"{who} measured at ≥ {MIN_BUDGETS} data budgets on every held-out seed")
+
+
+def range_premise(seeds: dict[int, tuple], where: str = "") -> dict:
+    """Seeds whose speed-up is a bound fail it; seeds with no speed-up at all (no reference fit, a diverged run) are
+    not counted here: the reference curve's premise or the statistic's own reason says why."""
+    out = [f"seed {s} {k}" for s, (v, k) in sorted(seeds.items()) if v is not None and k != INSIDE]
+    read = any(v is not None for v, _ in seeds.values())
+    value = f"{where}{', '.join(out)} (a bound)" if out else f"{where}{'every seed inside' if read else 'none read'}"
+    return claims.premise("in the measured range", value, not out,
+                          "each held-out seed's final loss within the baseline's measured losses over its budgets")
+
+
+def common(bench: Bench, cells: dict, opt: str, sizes: list[str], ref: str | None = None) -> list[dict]:
+    """The premises every comparison with a tuned reference (default the baseline) has: the seed mean and interior
+    hyperparameters of both arms at every size it uses, and the embeddings' LR where the optimizer hands them to its
+    side group."""
+    ref = ref or bench.baseline
+    arms = [(o, s) for s in sizes for o in dict.fromkeys((opt, ref))]
+    out = [seeds_premise(cells, arms), interior_premise(cells, arms)]
+    if bench.embeddings_on_side(opt):
+        out += [embedding_premise(bench, cells, opt, s, ref) for s in sizes]
+    return out
+
+
+def _unusable(seeds: dict[int, tuple]) -> str | None:
+    return next((k for v, k in seeds.values() if v is None), None)
+
+
+# ---------------------------------------------------------------- the claims, by kind
+# Each builder: (claim, settings, cells, runs, subject, size, reference) -> one entry.
+def beats(pc, bench, cells, runs, opt, size, ref) -> dict:
+    seeds = per_seed(bench, cells, runs, opt, size, ref=ref)
+    premises = [*common(bench, cells, opt, [size], ref), curve_premise(bench, cells, runs, size, ref),
+                range_premise(seeds)]
+    return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref), _vs(SPEEDUP, bench, ref),
+                        [v - 1 for v, k in seeds.values() if k == INSIDE], pc.published,
+                        unusable=_unusable(seeds), regime=regime(bench, runs, size, pc), premises=premises,
+                        paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
+
+
+def shrinks(pc, bench, cells, runs, opt, size, ref) -> dict:
+    # the regime of the larger size: the claim is about the lead there, against the smallest
+    small, large = bench.sizes[0], bench.sizes[-1]
+    a, b = (per_seed(bench, cells, runs, opt, s, ref=ref) for s in (small, large))
+    premises = [*common(bench, cells, opt, [small, large], ref),
+                *(curve_premise(bench, cells, runs, s, ref) for s in (small, large)),
+                range_premise(a, f"{small}: "), range_premise(b, f"{large}: ")]
+    diffs = [a[s][0] - b[s][0] for s in bench.rerun_seeds if a[s][1] == INSIDE and b[s][1] == INSIDE]
+    return claims.claim(_id(pc, bench, opt, large, ref), _text(pc, bench, opt, large, ref),
+                        _vs(f"speed-up({small}) − speed-up({large}), held-out seeds", bench, ref), diffs,
+                        pc.published, unusable=_unusable(a) or _unusable(b), regime=regime(bench, runs, large, pc),
+                        premises=premises, paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
+
+
+def gaps(bench: Bench, cells: dict, runs: list[dict], opt: str, size: str, batch: int = 1,
+         ref: str | None = None) -> dict[int, float]:
+    """{held-out seed: reference's loss − `opt`'s loss} at equal tokens and batch factor `batch` (reference: default
+    the baseline)."""
+    ref = ref or bench.baseline
+    b = finals(runs, ref, size, cells[ref, size]["best_hp"], batch=batch)
+    m = finals(runs, opt, size, cells[opt, size]["best_hp"], batch=batch)
+    return {s: b[s]["val_loss"] - m[s]["val_loss"] for s in bench.rerun_seeds if ok(b.get(s)) and ok(m.get(s))}
+
+
+def batch(pc, bench, cells, runs, opt, size, ref) -> dict:
+    """The gap at `batch_factor` × the batch minus at 1x (same tokens); δ: what the smallest speed-up is worth in loss
+    on the baseline's reference curve at the benchmark's tokens (mean over held-out seeds)."""
+    one, big = gaps(bench, cells, runs, opt, size), gaps(bench, cells, runs, opt, size, bench.batch_factor)
+    diffs = [big[s] - one[s] for s in bench.rerun_seeds if s in one and s in big]
+    refs = [reference(bench, cells, runs, size, s) for s in bench.rerun_seeds]
+    tokens = size_regime(bench, runs, size)["tokens"]
+    worth = [r.loss_worth(tokens, pc.smallest_speedup) for r in refs if not r.why_not and tokens]
+    premises = [*common(bench, cells, opt, [size]), curve_premise(bench, cells, runs, size)]
+    return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref),
+                        f"(baseline − {opt}) final loss at {bench.batch_factor}x batch minus at 1x, same tokens, LR "
+                        "chosen at 1x (held-out seeds)", diffs, pc.published,
+                        unusable=None if worth else "no reference fit for the smallest effect",
+                        regime=regime(bench, runs, size, pc), premises=premises,
+                        smallest_effect=pc.sesoi.with_value(statistics.fmean(worth)) if worth else pc.sesoi)
+
+
+def unstable(pc, bench, cells, runs, opt, size, ref) -> dict:
+    """Per sweep seed: the fraction of `opt`'s sweep runs that diverged minus the baseline's."""
+    def frac(o: str, seed: int) -> float | None:
+        mine = [r for r in cells[o, size]["runs"].values() if r["seed"] == seed]
+        return sum(bool(r["diverged"]) for r in mine) / len(mine) if mine else None
+
+    diffs = [frac(opt, s) - frac(bench.baseline, s) for s in bench.sweep_seeds
+             if frac(opt, s) is not None and frac(bench.baseline, s) is not None]
+    reg = regime(bench, runs, size, pc)
+    return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref),
+                        f"fraction of sweep runs diverged: {opt} − {bench.baseline} (sweep seeds)", diffs,
+                        pc.published, regime=reg, premises=[claims.budget_premise(reg, pc.budget_factor)],
+                        paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
+
+
+def tuned(pc, bench, cells, runs, opt, size, ref) -> dict:
+    """The data gain of tuning: the default recipe's tokens over the tokens the tuned baseline's curve needs to
+    reach the default's final loss (1 / the default's speed-up against the tuned curve), minus 1."""
+    default = {"lr": bench.optim[opt].lr}
+    seeds = per_seed(bench, cells, runs, opt, size, hp=default)
+    premises = [*common(bench, cells, opt, [size]), curve_premise(bench, cells, runs, size), range_premise(seeds)]
+    return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref),
+                        "data gain of tuning − 1: the default recipe's tokens over those the tuned baseline's fitted "
+                        "curve needs to reach the default's final loss (held-out seeds)",
+                        [1 / v - 1 for v, k in seeds.values() if k == INSIDE], pc.published,
+                        unusable=_unusable(seeds), regime=regime(bench, runs, size, pc), premises=premises,
+                        paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
+
+
+BUILDERS = {"beats": beats, "shrinks": shrinks, "batch": batch, "unstable": unstable, "tuned": tuned}
+
+
+def _fmt(s: str, bench: Bench, opt: str, size: str, ref: str | None = None) -> str:
+    return s.format(opt=opt, size=size, base=ref or bench.baseline, small=bench.sizes[0], large=bench.sizes[-1],
+                    factor=bench.batch_factor)
+
+
+def _suffix(bench: Bench, ref: str | None) -> str:
+    return "" if ref in (None, bench.baseline) else f"-vs-{ref}"
+
+
+def _vs(metric: str, bench: Bench, ref: str | None) -> str:
+    """A metric's words against reference `ref`: as written for the baseline, or naming `ref` in its place."""
+    return metric if ref in (None, bench.baseline) else metric.replace("the baseline's", f"{ref}'s").replace(
+        "(baseline − optimizer)", f"({ref} − optimizer)") + ("" if "baseline" in metric else f", against {ref}")
+
+
+def _id(pc: PaperClaim, bench: Bench, opt: str, size: str, ref: str | None = None) -> str:
+    return _fmt(pc.id, bench, opt, size, ref) + _suffix(bench, ref)
+
+
+def _text(pc: PaperClaim, bench: Bench, opt: str, size: str, ref: str | None = None) -> str:
+    return _fmt(pc.text, bench, opt, size, ref)
+
+
+def _subjects(pc: PaperClaim, bench: Bench) -> list[str]:
+    """The optimizer keys a claim is built for: the baseline itself for the tuning claim, the large-batch reruns
+    for the batch claim, else every arm other than the references whose registry name the claim speaks of."""
+    if pc.kind == "tuned":
+        return [bench.baseline] if bench.name(bench.baseline) in pc.subjects else []
+    pool = bench.batch_optimizers if pc.kind == "batch" else bench.optimizers
+    return [o for o in pool if o not in bench.reference_arms and bench.name(o) in pc.subjects]
+
+
+def _against(pc: PaperClaim, bench: Bench) -> tuple[str, ...]:
+    return bench.reference_arms if pc.against == EVERY_REFERENCE else (bench.baseline,)
+
+
+def observation(bench, cells, runs, opt, size, kind: str, ref: str | None = None) -> dict:
+    name, ref = bench.name(opt), ref or bench.baseline
+    other = claims_about(name)  # a claim about this family, but of another comparison
+    why = (CONTROL if opt in bench.references
+           else f"the papers' claim about {name} is another comparison ({other[0].published})" if other
+           else UNCLAIMED.format(name=name, family=spec(name).family))
+    reg = regime(bench, runs, size, None)
+    if kind == "batch":
+        one, big = gaps(bench, cells, runs, opt, size), gaps(bench, cells, runs, opt, size, bench.batch_factor)
+        d = [big[s] - one[s] for s in bench.rerun_seeds if s in one and s in big]
+        return claims.observation(f"b-obs-{opt}-batch-{size}", _fmt("{opt}'s gap to tuned {base} closes at {factor}x "
+                                  "the batch at {size}", bench, opt, size), "(baseline − optimizer) loss at "
+                                  f"{bench.batch_factor}x batch minus at 1x", statistics.fmean(d) if d else None,
+                                  len(d), why, regime=reg, why=why)
+    d = list(gaps(bench, cells, runs, opt, size, ref=ref).values())
+    return claims.observation(f"b-obs-{opt}-{size}{_suffix(bench, ref)}", f"{opt} beats tuned {ref} at {size}",
+                              _vs(EQUAL, bench, ref), statistics.fmean(d) if d else None, len(d), why, regime=reg,
+                              why=why)
+
+
+def ledger(bench: Bench, cells: dict, runs: list[dict]) -> list[dict]:
+    """Every claim of the registry for every subject in the benchmark, against each reference it is built against
+    (per size, or once for a trend over sizes), then the observations: each other arm's gap at equal tokens to each
+    reference, and each large-batch rerun no claim covers."""
+    entries = []
+    for pc in CLAIMS:
+        for opt in _subjects(pc, bench):
+            for ref in _against(pc, bench):
+                for size in bench.sizes[-1:] if pc.kind == "shrinks" else bench.sizes:
+                    entries.append(BUILDERS[pc.kind](pc, bench, cells, runs, opt, size, ref))
+    for opt in bench.optimizers:
+        if opt == bench.baseline:
+            continue
+        for size in bench.sizes:
+            if not claims_about(bench.name(opt), "beats"):
+                entries += [observation(bench, cells, runs, opt, size, "beats", ref) for ref in bench.reference_arms
+                            if ref != opt]
+            if opt in bench.batch_optimizers and not claims_about(bench.name(opt), "batch"):
+                entries.append(observation(bench, cells, runs, opt, size, "batch"))
+    return entries
+
+
+def study(folder) -> list[dict]:
+    """The ledger of a study run by `scalelab study` (configs/studies/<name>.yaml names this its generator): its
+    params.yaml and committed stage cells, by today's code."""
+    return ledger(*read_study(folder))
