@@ -91,12 +91,11 @@ def sdpa_backend() -> None:
 
 
 def pretrain_mfu(peak: float, quick: bool) -> None:
-    import yaml
-
     from scalelab.config import parse_params
+    from scalelab.config.params import read_yaml
     from scalelab.model import Transformer
 
-    params = parse_params(yaml.safe_load((ROOT / "configs/gpu-0.12b.yaml").read_text()))
+    params = parse_params(read_yaml(ROOT / "configs/gpu-0.12b.yaml"))  # the preset composed over its base
     pre = params.pretrain
     cfg = params.resolve_model("m", "unified", vocab_size=params.tokenizer.vocab_size, recipe="base")
     micro = pre.batch_size // (pre.devices * pre.num_nodes * pre.accumulate)

@@ -30,7 +30,6 @@ import sys
 from pathlib import Path
 
 import torch
-import yaml
 
 from scalelab.train.device import DENSE_PEAK
 
@@ -196,8 +195,9 @@ def row(preset: str, stage: str, n: int, tokens: int, flops: float, mem: dict, s
 
 def rows_of(path: Path) -> list[dict]:
     from scalelab.config import parse_params
+    from scalelab.config.params import read_yaml
 
-    params = parse_params(yaml.safe_load(path.read_text()), str(path))
+    params = parse_params(read_yaml(path), str(path))  # the preset composed over its base
     if "compress" in path.stem:
         return compress_rows(path.stem, params)
     if "hidden-decoding" in path.stem:

@@ -183,7 +183,7 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     """Run the DVC stages (all, or `targets` as `dvc repro` would) as Prefect tasks, up to `workers` at once (default:
     one per GPU, else one per core up to 8); returns each stage's status in dependency order.
 
-    `params_file` switches the profile first (validated, then copied over params.yaml; the old one kept as .prev).
+    `params_file` switches the profile first (composed, validated, then written over params.yaml; the old one: .prev).
     `gpus_per_task`: what each task asks a Ray cluster for (Ray hides GPUs from tasks that ask for none)."""
     logger, root = get_run_logger(), scalelab.project_root()
     # imported here, never a global of this module: the flow travels by value to Dask and Ray workers, where flows/

@@ -8,6 +8,7 @@ import yaml
 from mutants import assert_caught, mutant, mutation_checks
 
 from scalelab.config import ParamsError, load_params, parse_params
+from scalelab.config.params import read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = [ROOT / "params.yaml", *sorted((ROOT / "configs").glob("*.yaml")), ROOT / "tests" / "micro_params.yaml"]
@@ -124,9 +125,10 @@ def test_an_invalid_profile_switch_leaves_params_yaml_and_its_prev_untouched(tmp
     assert re.search({"unknown-key": "seeed", "yaml-syntax": "YAML syntax", "missing": "not found"}[bad], err), err
     assert Path("params.yaml").read_bytes() == current.read_bytes()
     assert Path("params.yaml.prev").read_bytes() == prev
-    good = ROOT / "configs" / "cpu-study.yaml"
+    good = ROOT / "configs" / "cpu-study.yaml"  # an overlay: written composed, complete
     assert profile.main([str(good)]) == 0
-    assert Path("params.yaml").read_bytes() == good.read_bytes()
+    assert yaml.safe_load(Path("params.yaml").read_text()) == read_yaml(good) and "base" not in read_yaml(good)
+    assert load_params("params.yaml") == load_params(good)
     assert Path("params.yaml.prev").read_bytes() == current.read_bytes()
 
 
@@ -209,7 +211,7 @@ def test_a_machine_setting_inline_in_params_yaml_is_refused_naming_where_it_goes
     with pytest.raises(ParamsError) as err:
         load_params(path)
     msg = str(err.value)
-    assert "\n" not in msg and key in msg and "machine.yaml" in msg and "--migrate" in msg, msg
+    assert "\n" not in msg and key in msg and "machine.yaml" in msg and "`machine:` section" in msg, msg
     # the same keys in a params file DVC does not read (a file built for one library run) are its defaults
     other = tmp_path / "run.yaml"
     other.write_text(path.read_text())
@@ -231,43 +233,6 @@ def test_a_bad_machine_file_is_one_line_naming_the_key(tmp_path, monkeypatch, ba
     assert "\n" not in str(err.value)
 
 
-def test_profile_migrate_moves_inline_machine_settings_keeping_every_value_and_comment(tmp_path, monkeypatch):
-    """An old params.yaml (machine settings inline) migrates in place: the same Params as before, nothing inline,
-    comments kept, the old file as .prev."""
-    from scalelab.config import machine
-    from scalelab.pipeline import profile
-
-    monkeypatch.delenv("SCALELAB_MACHINE", raising=False)
-    monkeypatch.chdir(tmp_path)
-    raw, own = machine.split(yaml.safe_load((ROOT / "params.yaml").read_text()))
-    assert not machine.machine_keys_in(raw)
-    for section, values in own.items():  # the old layout: machine settings inline in their sections
-        node = raw[section]
-        for key, value in values.items():
-            (node[key].update(value) if isinstance(value, dict) else node.__setitem__(key, value))
-    raw["pretrain"]["threads"] = 3  # not a default: the value must survive
-    old = "# an old profile\n" + yaml.safe_dump(raw, sort_keys=False)
-    Path("params.yaml").write_text(old)
-    expected = parse_params(yaml.safe_load(old))
-    with pytest.raises(ParamsError, match="machine settings"):
-        load_params("params.yaml")
-    assert profile.main(["--migrate"]) == 0
-    text = Path("params.yaml").read_text()
-    assert text.startswith("# an old profile") and Path("params.yaml.prev").read_text() == old
-    assert not machine.machine_keys_in(yaml.safe_load(text))
-    assert load_params("params.yaml") == expected and expected.pretrain.threads == 3
-    # its None written `null` by a representer of its own: every other round-trip dump in the process, DVC's
-    # dvc.lock among them, still writes None as DVC does (a class-wide representer broke dvc.lock's bytes)
-    import io
-
-    from dvc.utils.serialize import _yaml
-
-    assert "pretrain.max_tokens: null" in profile.migrated("pretrain.max_tokens: null\n")
-    stream = io.StringIO()
-    _yaml._dump({"stages": {"a": {"max_tokens": None}}}, stream)
-    assert "max_tokens:\n" in stream.getvalue(), stream.getvalue()
-
-
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_param_that_dvc_tracks_is_spelled_out_and_none_is_a_machine_setting(path, tmp_path):
     """DVC's own view of the real dvc.yaml. DVC reads params.yaml itself, without the schema's defaults: each key a
@@ -283,8 +248,10 @@ def test_every_param_that_dvc_tracks_is_spelled_out_and_none_is_a_machine_settin
     machine_paths = [f"{s}.{k}" for s, keys in MACHINE_KEYS.items() for k in keys]
     (tmp_path / ".dvc").mkdir()
     (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
-    (tmp_path / "params.yaml").write_text(path.read_text())
-    raw = yaml.safe_load(path.read_text())
+    from scalelab.config import profiles
+
+    (tmp_path / "params.yaml").write_text(profiles.complete_text(path))  # as `scalelab profile` writes it
+    raw = yaml.safe_load((tmp_path / "params.yaml").read_text())
     missing, machine, file_deps = [], [], {}
     with Repo(str(tmp_path), uninitialized=True) as repo:
         for stage in repo.index.stages:

@@ -287,7 +287,9 @@ def test_a_study_stopped_before_its_first_cell_ended_keeps_its_readme_blocks_for
     (folder / "README.md").write_text(f"# hd-cpt\n\n{table}\n\n{gap}\n")
     text = ledger.refresh_readme(study, tmp_path).read_text()
     assert gap in text and table not in text and "| stage | cells |" in text
-    (folder / "params.yaml").write_text((root / "configs" / "hd-cpt.yaml").read_text())
+    from scalelab.config import profiles
+
+    (folder / "params.yaml").write_text(profiles.complete_text(root / "configs" / "hd-cpt.yaml"))
     text = ledger.refresh_readme(study, tmp_path).read_text()
     assert gap not in text and "| cell | tokens | loss(cell) − loss(n = 1)" in text
 

@@ -38,7 +38,9 @@ def preset(name: str) -> dict:
     `parse_params` does (scalelab.config.machine): the micro versions override those settings inline."""
     from scalelab.config import machine
 
-    return machine.resolve(yaml.safe_load(PRESETS[name].read_text()), str(PRESETS[name]))
+    from scalelab.config.params import read_yaml
+
+    return machine.resolve(read_yaml(PRESETS[name]), str(PRESETS[name]))  # composed over its base
 
 
 def micro(raw: dict, *, devices: int = 1) -> dict:

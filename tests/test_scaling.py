@@ -421,7 +421,7 @@ def test_the_counts_are_the_models(a_params, size, variant, recipe):
 
 def test_the_papers_pull_is_the_gpu_presets():
     """The paper's per-step pull on γ is the 0.12B preset's AdamW lr × decay (the plan that preset reproduces)."""
-    import yaml
+    from scalelab.config.params import read_yaml
 
-    adamw = yaml.safe_load((ROOT / "configs" / "gpu-0.12b.yaml").read_text())["optim"]["adamw"]
+    adamw = read_yaml(ROOT / "configs" / "gpu-0.12b.yaml")["optim"]["adamw"]  # the preset composed over its base
     assert premises_a.PAPER_PULL == pytest.approx(adamw["lr"] * adamw["weight_decay"])

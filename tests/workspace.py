@@ -103,7 +103,9 @@ def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[st
         elif src.is_file():
             (ws / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, ws / rel)
-    shutil.copy2(params, ws / "params.yaml")
+    from scalelab.config import profiles
+
+    (ws / "params.yaml").write_text(profiles.complete_text(params))  # an overlay profile composed, as a switch writes it
     env = {**os.environ, "SCALELAB_ROOT": str(ws), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ws / "src"), os.environ.get("PYTHONPATH")])),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}

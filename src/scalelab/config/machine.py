@@ -15,7 +15,7 @@ but their values come from layers that DVC does not track, merged into the param
 4. at run time, SCALELAB_THREADS (the flow's share of cores per worker) over every `threads` (placement).
 
 Every file is written as params.yaml's own sections: `pretrain: {threads: 4, compile: true}`. The same keys inline in
-params.yaml's sections are refused with one line saying where they go (`scalelab profile --migrate` moves them).
+params.yaml's sections (or a profile's, on a switch) are refused with one line saying where they go.
 """
 
 from __future__ import annotations
@@ -123,14 +123,14 @@ def read_machine(path: Path) -> dict:
 
 
 def refuse_inline(raw: dict, source: str) -> None:
-    """One line when the DVC-tracked params file holds machine settings in its sections."""
+    """One line when params.yaml (what DVC reads) or a profile on its way there holds machine settings inline."""
     if found := machine_keys_in(raw):
         section, key = found[0].rsplit(".", 1)
         named = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise ParamsError(
             f"{source}: {named}: machine settings, not params (as params, another machine reruns every "
             f"stage that reads them): put them in {MACHINE_FILE} (untracked) as `{section}: {{{key}: ...}}`, or in "
-            f"params.yaml's `{SECTION}:` section; `scalelab profile --migrate` moves them")
+            f"the profile's `{SECTION}:` section")
 
 
 def merge(raw: dict, *layers: dict) -> dict:

@@ -125,8 +125,9 @@ def parse_params(raw: dict[str, Any], source: str = "<dict>", machine_file: dict
         raise ParamsError(_format(err, source)) from None
 
 
-def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """A params file's mapping, unvalidated; one-line errors for a missing file, YAML syntax, a non-mapping."""
+def read_yaml(path: str | os.PathLike, compose: bool = True) -> dict[str, Any]:
+    """A params file's mapping, unvalidated, composed over its `base:` when it names one (scalelab.config.profiles;
+    `compose=False`: as written); one-line errors for a missing file, YAML syntax, a non-mapping."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"params file not found: {path}")
@@ -140,6 +141,10 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         raise ParamsError(f"{path}{where}: YAML syntax error: {what}") from None
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: top level must be a mapping")
+    if compose:
+        from scalelab.config import profiles
+
+        raw = profiles.compose(path, raw)
     return raw
 
 

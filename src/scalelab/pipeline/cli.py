@@ -125,8 +125,8 @@ def report(argv: list[str]) -> int:
 
 
 def profile(argv: list[str]) -> int:
-    """Switch the params profile. Validated with this machine's settings, then copied over params.yaml, the old one
-    kept as params.yaml.prev; `--migrate` moves params.yaml's inline machine settings to its machine: section."""
+    """Switch the params profile. Composed over its base and validated with this machine's settings, then written
+    over params.yaml whole, the old one kept as params.yaml.prev."""
     from scalelab.pipeline import profile as mod
 
     return mod.main(argv)

@@ -102,7 +102,7 @@ def code_hash(inputs: dict[str, str], pipeline: Pipeline) -> str:
 def write_params(spec: StudySpec, root: Path, target: Path) -> None:
     """The study's params: its profile with the spec's overrides set, validated as the stages will load it (with
     this machine's machine.yaml beside `target` when there is one), then written over `target` whole."""
-    from scalelab.config import ParamsError, machine, parse_params
+    from scalelab.config import ParamsError, machine, parse_params, profiles
     from scalelab.config.params import read_yaml
 
     source = root / spec.profile
@@ -110,10 +110,11 @@ def write_params(spec: StudySpec, root: Path, target: Path) -> None:
         raw = read_yaml(source)
     except ParamsError as err:
         raise SpecError(f"study {spec.name}: profile: {err}") from None
-    text = source.read_text()
-    if inline := machine.machine_keys_in(raw):
-        raise SpecError(f"study {spec.name}: profile {spec.profile} holds machine settings inline "
-                        f"({', '.join(inline)}): `scalelab profile --migrate` moves them to its machine: section")
+    try:
+        machine.refuse_inline(raw, str(spec.profile))
+    except ParamsError as err:
+        raise SpecError(f"study {spec.name}: {err}") from None
+    text = profiles.complete_text(source)
     overrides = {f"params.{k}": (k, v) for k, v in spec.params.items()}
     if spec.store is not None:  # the project-relative folder: the same path in the project and (linked) the workspace
         overrides["store.param"] = (spec.store.param, str(spec.store_folder()))
