@@ -83,7 +83,11 @@ def _load(path: Path):
     if path.suffix in (".yaml", ".yml"):  # a params file or preset: its values, as `json:` reads a JSON file's
         import yaml
 
-        return yaml.safe_load(path.read_text())
+        from scalelab.config import profiles
+
+        raw = yaml.safe_load(path.read_text())
+        # a profile that is an overlay: its complete params, composed over its base as a switch writes them
+        return profiles.compose(path, raw) if isinstance(raw, dict) and profiles.BASE in raw else raw
     return path
 
 
