@@ -43,7 +43,7 @@ DECLARED = "2026-12-06T05:18:17+00:00"  # commit b9bf6f9
 LOSS_SESOI = ledger.Sesoi(
     0.01, "0.01 nats of last-stream validation loss, 1% in perplexity (e^0.01 = 1.010): a convention of what a "
     "change of architecture must gain to matter, measured on no study",
-    declared_on=DECLARED, post_hoc_for=("hd-cpt", "hidden-decoding"))
+    declared_on=DECLARED, post_hoc_for=("hd-cpt",))
 SOLVE_SESOI = ledger.Sesoi(
     0.5, "0.5 in the rate of seeds that solve the probe's largest K: an arm that solves it in fewer than half more "
     "seeds than its reference fails it in most seeds where the positive control solves it in every seed (its "

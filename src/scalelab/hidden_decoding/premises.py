@@ -1,11 +1,7 @@
 """The measured premises of the Hidden Decoding claims (scalelab.ledger.claims rule 1), each computed from a run's
 own numbers, and the regime each claim ran in.
 
-Three kinds of run, three sets of premises:
-- a **mechanism probe** (a synthetic task with a computed floor, scalelab.hidden_decoding.window_floor): the n = 1 model must
-  compute part of the task and leave room to show the effect (`learns_task`, `room`: the fraction of the sum-blind →
-  floor gap of the validation windows it closes), and a treatment known to add useful per-token computation must gain
-  on the same probe (`positive_control`), else a null result says nothing about hidden streams;
+Two kinds of run, two sets of premises:
 - a **parity probe** (scalelab.hidden_decoding.parity): at the K its claims compare, n = 1 must stay near the blind ln 2
   (`room`) and one stream with K pause tokens before the answer must solve it (`positive control`,
   `parity_premises`);
@@ -23,9 +19,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from scalelab.ledger import claims as ledger
-from scalelab.hidden_decoding.window_floor import Floors
 
-LEARNS, ROOM = 0.1, 0.9  # n = 1 closes at least this / at most this of the sum-blind -> floor gap
+LEARNS = 0.1  # n = 1 on the parity probe closes less than this of the ln 2 -> 0 answer gap: it has room
 SOLVED = 0.99  # answer accuracy at which a parity probe's cell solves its K
 SHRINK = 0.1  # a gap that shrank by less than this fraction between the last two points has stopped recovering
 # A gated start (scalelab.hidden_decoding.gate) is the backbone at α = 0 and the method's mixing at α = 1: its
@@ -46,25 +41,6 @@ def regime(n: int, *, params: int | None, non_embedding_params: int | None, toke
     tpp = None if probe or n not in PAPER_TOKENS else PAPER_TOKENS[n] / PAPER_PARAMS
     return ledger.regime(PAPER, params=params, non_embedding_params=non_embedding_params, tokens=tokens, steps=steps,
                          paper_tokens_per_param=tpp, scope="small-scale")
-
-
-def probe_premises(floors: Floors, n1_loss: float) -> list[dict]:
-    """`learns_task` and `room` of a probe whose n = 1 cells end at mean validation loss `n1_loss`."""
-    closed, left = floors.closed(n1_loss), n1_loss - floors.floor
-    value = f"{closed:.1%} of the gap closed ({left:.4f} nats above the floor {floors.floor:.4f})"
-    return [ledger.premise("learns the task", value, closed >= LEARNS,
-                           f"n = 1 closes ≥ {LEARNS:.0%} of the sum-blind → floor gap (it computes part of the sum)"),
-            ledger.premise("room", value, closed <= ROOM,
-                           f"n = 1 closes ≤ {ROOM:.0%} of the sum-blind → floor gap of the validation windows")]
-
-
-def positive_control(gains: Sequence[float] | None, level: float = 0.95) -> dict:
-    """A treatment known to add useful per-token computation (pause tokens, a deeper n = 1) gains over n = 1 on the
-    same probe: per-seed loss(n = 1) − loss(control); None when the run has no such cell."""
-    need = "a treatment known to add per-token computation (e.g. pause tokens) gains over n = 1 on this probe"
-    if gains is None:
-        return ledger.premise("positive control", "none run", False, need + " (t interval above 0)")
-    return shown("positive control", gains, level, need)
 
 
 def shown(name: str, diffs: Sequence[float], level: float, need: str) -> dict:

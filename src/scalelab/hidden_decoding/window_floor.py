@@ -1,10 +1,10 @@
-"""The exact Bayes loss of validation windows cut from a finite-state source (scalelab.hidden_decoding.sum_task): the floor a
-trained model's validation loss is measured against.
+"""The exact Bayes loss of validation windows cut from a finite-state source (the parity task,
+scalelab.hidden_decoding.parity_task, is one): the floor a trained model's validation loss is measured against.
 
 A model sees each window alone. The validation windows start at multiples of seq_len (scalelab.data.loader
 `val_batches`), so unless seq_len is a multiple of the block length, a window starts inside a block: its first
-tokens cannot know where the separator falls, and the first sum depends on digits before the window. The stationary
-floor (K·ln base per block) ignores both; the floor here does not.
+tokens cannot know where the block's boundary falls, and the first answer depends on tokens before the window. The
+stationary floor (the entropy per block) ignores both; the floor here does not.
 
 Which predictor: the Bayes predictor of the *training* windows, which start anywhere in the stream (uniform over
 `train_batch`'s start range), so its prior over the phase (the offset into a block) is that range's; evaluated on
@@ -13,7 +13,7 @@ trained on the task can reach. (A predictor told the validation windows' phases 
 so.)
 
 The expectation is exact: a forward recursion over (true state, predictor's posterior over states) pairs, whose
-number stays small because the posterior collapses once a separator or a sum has been seen. At step t the predictor's
+number stays small because the posterior collapses once a block's boundary has been seen. At step t the predictor's
 next-token distribution is p(x | x_<t) = Σ_z b(z) q(x | z) (the filter of a hidden Markov source); the loss is
 −ln p(x_t | x_<t), averaged over the window's seq_len targets x_1..x_T and over the windows.
 """
@@ -23,10 +23,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
-
-from scalelab.hidden_decoding.sum_task import SumTask, shard_lengths
 
 State = tuple
 
@@ -123,31 +120,3 @@ def window_loss(truth: Source, model: Source, windows: Mapping[int, int], prior:
     """The token-weighted mean expected loss over windows (phase → count), every window holding seq_len targets."""
     n = sum(windows.values())
     return sum(c * expected_window_loss(truth, p, model, prior, seq_len) for p, c in windows.items()) / n
-
-
-@dataclass(frozen=True)
-class Floors:
-    """The validation windows' references: `floor` (the Bayes loss of the trained predictor), `sum_blind` (the same
-    for a predictor that ignores the digits when it predicts the sum) and the stationary floor beside them."""
-
-    floor: float
-    sum_blind: float
-    stationary: float
-
-    def closed(self, loss: float) -> float:
-        """The fraction of the sum-blind → floor gap a validation loss closes (0: no sum learned, 1: the floor)."""
-        return (self.sum_blind - loss) / (self.sum_blind - self.floor)
-
-
-def sum_task_floors(task: SumTask, seq_len: int, val_tokens: int, n_train: int | None = None,
-                    n_val: int | None = None) -> Floors:
-    """The floors of the sum task's validation windows as scalelab.hidden_decoding.sum_task.write_task writes its shards and
-    the loader cuts them (shard lengths by default those of write_task's)."""
-    dflt_train, dflt_val = shard_lengths(task)
-    n_train, n_val = n_train or dflt_train, n_val or dflt_val
-    windows = val_phases(n_val, seq_len, val_tokens, task.period)
-    prior = train_phases(n_train, seq_len, task.period)
-    blind = SumTask(task.K, task.base, task.mod, blind=True)
-    return Floors(floor=window_loss(task, task, windows, prior, seq_len),
-                  sum_blind=window_loss(task, blind, windows, prior, seq_len),
-                  stationary=task.stationary_floor())

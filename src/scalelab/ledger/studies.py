@@ -34,6 +34,16 @@ OPTIONAL_FIELDS = ("generator", "superseded", "headline", "figure")  # the last 
 LEDGER = re.compile(r"(?:[\w.-]+/)*claims_([a-d])\.json")  # the ledger's file name says its method
 DECIDED = (ledger_rules.REPRODUCED, ledger_rules.CONTRADICTED)
 TABLE_ONLY = "a table, no claims (its README)"  # the `problem` of a finished study whose spec names no ledger
+# Studies taken out of results/ because they decide nothing and their ledgers needed code written for a retired
+# protocol; each is read at the last commit that holds it (`git show <commit>:results/<name>/README.md`).
+RETIRED_AT = "773c59f"
+RETIRED = {
+    "hidden-decoding": "sum-task probes with no room and a 20-step continued pretraining, run by scripts since "
+                       "retired; every claim untested",
+    "optbench-200": "the first optimizer protocol (the LR chosen on one seed over an even grid), superseded",
+    "optbench-protocol": "the optimizer protocol at 64 steps on xxs and xs; optbench-sizes reruns it with reference "
+                         "arms",
+}
 
 
 def read_study(folder: Path) -> dict:
@@ -211,6 +221,8 @@ def decided_table(results: Path) -> str:
             notes.append(f"{study_label(s)}: superseded ({s['superseded']}); not in the tables ({summary})")
         else:
             notes.append(f"{study_label(s)}: {summary} (every entry: results/{s['name']}/{s['ledger']})")
+    notes += [f"{name}: retired ({why}); read it at commit {RETIRED_AT} (`git show {RETIRED_AT}:results/{name}/README.md`)"
+              for name, why in RETIRED.items() if not (results / name).exists()]
     return "\n".join(out) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 

@@ -2,8 +2,7 @@
 per-run lookups (the final loss of one optimizer at one configuration, size, seed, data budget and batch; the
 configuration a reference chose at each data budget).
 
-`Bench` holds only what the leaderboard and the ledger use of a params file, so that a study written by an earlier
-protocol (one sweep seed, an even grid: scalelab.optbench.study) is read by the same code as today's.
+`Bench` holds only what the leaderboard and the ledger use of a params file.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""A synthetic task with a known optimum, for probing what extra per-token computation buys: blocks `d1 … dK = s` of
+"""A second finite-state source for the window-floor tests (scalelab.hidden_decoding.window_floor): unlike the parity
+task, its hidden state (a partial sum) is not a function of the last few tokens, so the recursion over beliefs is
+tested where it matters. It was the task of a retired probe: blocks `d1 … dK = s` of
 K uniform digits 0..base−1, a separator, then their sum s — modulo `mod`, or (mod 0) the plain sum, written with its
 own tokens after the separator. Digits are unpredictable (ln base each), the separator and the sum are determined by
 what precedes them, so a model that adds K digits in one pass reaches the floor and one that cannot pays the sum's
@@ -115,3 +117,25 @@ def write_task(folder: Path, task: SumTask, tokens: int = SHARD_TOKENS, seed: in
 def shard_lengths(task: SumTask, tokens: int = SHARD_TOKENS) -> tuple[int, int]:
     """(train, val) shard lengths in tokens that `write_task` writes: whole blocks only."""
     return tokens // task.period * task.period, tokens // 10 // task.period * task.period
+
+
+@dataclass(frozen=True)
+class Floors:
+    """The validation windows' references: `floor` (the Bayes loss of the trained predictor), `sum_blind` (the same
+    for a predictor that ignores the digits when it predicts the sum) and the stationary floor beside them."""
+
+    floor: float
+    sum_blind: float
+    stationary: float
+
+
+def sum_task_floors(task: SumTask, seq_len: int, val_tokens: int) -> Floors:
+    """The floors of the sum task's validation windows as `write_task` writes its shards and the loader cuts them."""
+    from scalelab.hidden_decoding import window_floor as wf
+
+    n_train, n_val = shard_lengths(task)
+    windows = wf.val_phases(n_val, seq_len, val_tokens, task.period)
+    prior = wf.train_phases(n_train, seq_len, task.period)
+    blind = SumTask(task.K, task.base, task.mod, blind=True)
+    return Floors(floor=wf.window_loss(task, task, windows, prior, seq_len),
+                  sum_blind=wf.window_loss(task, blind, windows, prior, seq_len), stationary=task.stationary_floor())
