@@ -50,7 +50,8 @@ from scalelab.train.device import PRECISION_DTYPE, device_of, peak_flops, peak_m
 from scalelab.train.module import LitLM
 from scalelab.train.resume import claim_ckpt_dir
 from scalelab.train.resume import resume_run_id as stored_run_id
-from scalelab.train.trainer import Machine, code_digest, train, write_model
+from scalelab.runtime import code
+from scalelab.train.trainer import Machine, train, write_model
 
 if TYPE_CHECKING:
     from scalelab.tracking import StageRun
@@ -139,7 +140,7 @@ def config_hash(hd: HiddenDecodingConfig, cell: str, seed: int, steps: int, corp
     blob = {"model": hd.model(cell).model_dump(mode="json"), "cell": hd.cells[cell].model_dump(mode="json"),
             "train": section, "steps": steps, "seed": seed,
             "source": hd.source.model_dump(mode="json"), "backbone": backbone, "data": corpus.digest,
-            "code": code_digest()}
+            "code": code.digest(__name__)}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 MARKER = Path("data/validated.json")  # the `validate` stage's out; constant content, so it never reruns anything
 STAMP = Path(".cache") / "scalelab" / "checked.json"  # under the project root: the verdicts remembered
 KEEP = 32  # remembered verdicts per kind (a few profiles' worth)
-HERE = Path(__file__).resolve().parent.parent  # this scalelab: its schema's code is part of every verdict's key
-RUNNABLE = Path(__file__).resolve().with_name("runnable.py")  # the checks beyond the schema: part of it too
 
 
 def check_cells(params: Params) -> None:
@@ -161,7 +159,9 @@ def _code_key() -> str:
         spec = importlib.util.find_spec(name)
         st = os.stat(spec.origin) if spec is not None and spec.origin else None
         libs.append(f"{name}:{st.st_size}:{st.st_mtime_ns}" if st else f"{name}:-")
-    return _sha(_code_digest([HERE / "config", HERE / "optim"]).encode(), " ".join(libs).encode())
+    from scalelab.runtime import code
+
+    return _sha(code.digest("scalelab.pipeline.check", "scalelab.optim").encode(), " ".join(libs).encode())
 
 
 def _params_key(params_file: Path, text: bytes) -> str:
@@ -179,11 +179,6 @@ def _sha(*parts: bytes) -> str:
     for p in parts:
         h.update(hashlib.sha256(p).digest())
     return h.hexdigest()
-
-
-def _code_digest(folders: list[Path]) -> str:
-    files = sorted(p for f in folders for p in f.glob("*.py")) + [Path(__file__).resolve(), RUNNABLE]
-    return _sha(*(p.name.encode() + p.read_bytes() for p in files))
 
 
 def _recall(stamp_dir: Path, kind: str, key: str) -> dict | None:

@@ -42,7 +42,8 @@ from scalelab.train.device import PRECISION_DTYPE, device_of, peak_flops, peak_m
 from scalelab.train.module import LitLM
 from scalelab.train.resume import claim_ckpt_dir, find_resumable, resume_run_id  # noqa: F401  (re-exported)
 from scalelab.train.sharpness import Sharpness
-from scalelab.train.trainer import Machine, code_digest, train, write_model
+from scalelab.runtime import code
+from scalelab.train.trainer import Machine, train, write_model
 
 if TYPE_CHECKING:
     from scalelab.tracking import StageRun
@@ -84,7 +85,7 @@ def config_hash(params: Params, cell: Cell, shards_dir: str | Path) -> str:
                                                                      *MACHINE_KEYS["pretrain"]}),
         "seed": cell.seed,
         "data": data,
-        "code": code_digest(),
+        "code": code.digest(__name__),
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -6,12 +6,10 @@ LightningModule, their data module and the callbacks they add; the rest is here:
   the others' work; the cell's own callbacks; the curve; the checkpoint last), run to `total` steps from the
   resumable checkpoint when there is one;
 - `write_model`: the cell's model folder with its curves and metrics, all or nothing, then run.json marked complete;
-- `code_digest`: the training code a checkpoint was written under (a run resumes only under the same code).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -31,18 +29,6 @@ from scalelab.train.heap import FrozenHeap
 
 if TYPE_CHECKING:
     from scalelab.tracking import StageRun
-
-
-def code_digest() -> str:
-    """sha256 of the training code (schema, loader, model, optim, train): an interrupted run resumes only under the
-    code that started it, never mixing two versions in one result."""
-    pkg = Path(__file__).resolve().parents[1]
-    files = [pkg / "data" / "loader.py",
-             *sorted(f for d in ("config", "model", "optim", "train") for f in (pkg / d).glob("*.py"))]
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
