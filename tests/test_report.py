@@ -94,7 +94,7 @@ def test_the_report_shows_the_committed_studies_beside_this_run(studies):
     # the first screen: one card per paper, the committed study's decided claims with verdict and regime
     first = md[:md.index("This run: ")]
     card_a = first[first.index("### Scale vectors"):first.index("### Optimizers")]
-    assert "- **reproduced**: base: none is worse than standard (+0.07 ± " in card_a and "· a-study)" in card_a
+    assert "1. **reproduced**: base: none is worse than standard (+0.07 ± " in card_a and "· a-study)" in card_a
     assert "base: unified is better" not in card_a  # inconclusive: not a headline when decided ones exist
     assert first.count("no committed study yet") == 3  # B, C, D have none here
     # a card whose study names no figure shows its rows drawn
@@ -247,18 +247,26 @@ test_the_study_checks_catch = mutation_checks([
 
 
 def _first_screen(page, expect: list[str]) -> list:
-    """The cards of `page` in headless Chromium at a laptop's 1280x800: each on the first screen, before any table."""
+    """The cards of `page` in headless Chromium at a laptop's 1400x900: each card's title and verdicts on the first
+    screen, before any table; its figure at the card's width and at its own size (not a thumbnail, not scaled)."""
     from test_ui import _browser
 
     browser = _browser()
     try:
-        browser.set_window_size(1280, 800)
+        browser.set_window_size(1400, 900)
         browser.get(page.as_uri())
         height = browser.execute_script("return window.innerHeight")
         cards = browser.find_elements("css selector", "section.card")
         assert [c.get_attribute("id") for c in cards] == expect
         for c in cards:
-            assert c.rect["y"] + c.rect["height"] <= height, f"{c.get_attribute('id')} is below the first screen"
+            for part in c.find_elements("css selector", "h3, ol"):
+                assert part.rect["y"] + part.rect["height"] <= height, f"{c.get_attribute('id')}: below the first screen"
+            inner = browser.execute_script("return arguments[0].clientWidth - parseFloat(getComputedStyle(arguments[0])"
+                                           ".paddingLeft) - parseFloat(getComputedStyle(arguments[0]).paddingRight)", c)
+            for img in c.find_elements("css selector", "img"):
+                natural = int(img.get_attribute("naturalWidth"))
+                assert img.rect["width"] >= 0.95 * inner, (c.get_attribute("id"), img.rect["width"], inner)
+                assert abs(natural - img.rect["width"]) <= 2, (c.get_attribute("id"), natural, img.rect["width"])
         first_table = browser.find_elements("css selector", "table")
         assert not first_table or first_table[0].rect["y"] >= cards[-1].rect["y"] + cards[-1].rect["height"]
         return [(c.text, len(c.find_elements("css selector", "img"))) for c in cards]
@@ -268,7 +276,7 @@ def _first_screen(page, expect: list[str]) -> list:
 
 def test_the_committed_studies_first_screen_in_a_browser(tmp_path):
     """The report of a fresh clone (results/ as committed, nothing run yet): a card per paper, each with its
-    verdicts and a figure, all on a laptop's first screen."""
+    verdicts on a laptop's first screen and a figure drawn at the card's width."""
     (tmp_path / "results").symlink_to(ROOT / "results")
     report.build(tmp_path, tmp_path / "data/report", cells=[], eval_names=[], plots_csv=tmp_path / "c.csv")
     cards = _first_screen(tmp_path / "data/report/report.html", ["card-a", "card-b", "card-c", "card-d"])
@@ -277,8 +285,8 @@ def test_the_committed_studies_first_screen_in_a_browser(tmp_path):
 
 
 def test_the_first_screen_shows_a_card_per_paper_in_a_browser(studies):
-    """The page as a reader opens it (headless Chromium, a laptop's 1280x800 window): the four papers' cards are all on
-    the first screen, each verdict readable, before any of this run's tables."""
+    """The page as a reader opens it (headless Chromium, a laptop's 1400x900 window): the four papers' cards' verdicts
+    are all on the first screen, each readable, before any of this run's tables."""
     root, _ = studies
     report.build(root, root / "data/report", cells=CELLS, eval_names=[], plots_csv=root / "c.csv")
     cards = _first_screen(root / "data/report/report.html", ["card-a", "card-b", "card-c", "card-d"])

@@ -1,10 +1,10 @@
 """The report's first screen: one card per paper (its headline claims, each with the verdict of the committed study
-that measured it, the premises and regime behind that verdict, and one figure of the study), so a reader sees what is
-decided before any table. Which claims are a study's headline, and its figure, are the study's own choice (study.json
-`headline`: ledger ids, `figure`: a PNG in its folder); a study that names none shows its decided entries first. A
-card shows at most PER_CARD rows, the decided first, then each study's first in turn, and counts the rest; a card
-whose studies name no figure shows its rows drawn (figures.effects: each effect with its spread against zero and the
-paper's).
+that measured it, the premises and regime behind that verdict, and one figure), so a reader sees what is decided
+before any table. Which claims are a study's headline is the study's own choice (study.json `headline`: ledger ids);
+a study that names none shows its decided entries first. A card shows at most PER_CARD rows, numbered, the decided
+first, then each study's first in turn, and counts the rest. Its figure is those rows drawn at the card's width
+(figures.effects: each effect with its spread against zero and the paper's), so it reads at its own size on a
+laptop; a study's own figure (study.json `figure`) would shrink to a thumbnail there, so it is a link beside it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ PAPERS = {  # method letter -> (what the paper is about, its sources)
     "c": ("Hidden Decoding", "WeLM-HD; Sequential Hidden Decoding (Tencent WeChat AI)"),
     "d": ("SigmaScale compression", "arXiv 2606.07098; baselines ASVD arXiv 2312.05821, SVD-LLM arXiv 2403.07378"),
 }
-PER_CARD = 2  # rows a card shows (all four cards on a laptop's first screen); the others are counted
+PER_CARD = 2  # rows a card shows (every card's verdicts near the first screen); the others are counted
+# A card's content width in a laptop's 1400 px window (the report's 70em body in two columns): its figure is drawn at
+# this width, so it shows at its own size, never a thumbnail
+CARD_PX = 528
 DETAIL_CHARS = 140  # a row's detail line beyond this is cut (whole in its tooltip and in the ledger below)
 COLORS = {"reproduced": "#1a7f37", "contradicted": "#cf222e", "inconclusive": "#9a6700", "untested": "#57606a",
           "observation": "#57606a"}
@@ -38,7 +41,8 @@ class Card:
     sources: str
     rows: list[tuple[str, dict]] = field(default_factory=list)  # (study, entry)
     more: int = 0  # headline rows not shown
-    figure: Path | None = None
+    figure: Path | None = None  # drawn for the card, at its width
+    study_figure: Path | None = None  # the study's own figure (study.json `figure`), linked at full size
 
 
 def headline(study: dict) -> list[dict]:
@@ -63,12 +67,12 @@ def cards(studies: list[dict], results: Path, out: Path) -> list[Card]:
             if s["method"] != key or s["entries"] is None or s.get("superseded"):
                 continue
             rows += [(rank, s["name"], e) for rank, e in enumerate(headline(s))]
-            if card.figure is None and s.get("figure") and (results / s["name"] / s["figure"]).is_file():
-                card.figure = results / s["name"] / s["figure"]
+            if card.study_figure is None and s.get("figure") and (results / s["name"] / s["figure"]).is_file():
+                card.study_figure = results / s["name"] / s["figure"]
         rows.sort(key=lambda r: (verdict_of(r[2]) not in decided, r[0]))  # decided first, then each study's first
         card.rows, card.more = [(s, e) for _, s, e in rows[:PER_CARD]], max(0, len(rows) - PER_CARD)
-        if card.figure is None and card.rows:
-            card.figure = figures.effects([e for _, e in card.rows], out / f"card_{key}.png")
+        if card.rows:  # drawn at the card's width, so it reads at its own size (a study's figure would shrink)
+            card.figure = figures.effects([e for _, e in card.rows], out / f"card_{key}.png", width_px=CARD_PX)
         made.append(card)
     return made
 
@@ -117,10 +121,12 @@ def markdown(cs: list[Card], out_dir: Path) -> str:
         parts.append(f"### {c.title}\n\n{c.sources}\n")
         if c.figure is not None:
             parts.append(f"![{c.figure.stem}]({os.path.relpath(c.figure, out_dir)})\n")
+        if c.study_figure is not None:
+            parts.append(f"[the study's figure]({os.path.relpath(c.study_figure, out_dir)})\n")
         if not c.rows:
             parts.append("no committed study yet\n")
-        parts += [f"- **{verdict_of(e)}**: {e['claim']} ({_detail(e, study)})" for study, e in c.rows]
-        parts += [f"- ({_more(c)})"] if c.more else []
+        parts += [f"{i}. **{verdict_of(e)}**: {e['claim']} ({_detail(e, study)})" for i, (study, e) in enumerate(c.rows, 1)]
+        parts += [f"\n({_more(c)})"] if c.more else []
         parts.append("")
     return "\n".join(parts)
 
@@ -132,21 +138,24 @@ def render_html(cs: list[Card]) -> str:
                 f"{html.escape(verdict_of(e))}</span> <span title='{html.escape(e['metric'])}'>"
                 f"{html.escape(e['claim'])}</span><br><small title='{html.escape(_detail(e, study))}'>"
                 f"{html.escape(_cut(_detail(e, study)))}</small></li>" for study, e in c.rows]
-        rows += [f"<li class='more'><small>{html.escape(_more(c))}</small></li>"] if c.more else []
+        more = f"<p class='sources'>{html.escape(_more(c))}</p>" if c.more else ""
         fig = ""
         if c.figure is not None:
             data = base64.b64encode(c.figure.read_bytes()).decode()
             fig = f"<img alt='{html.escape(c.figure.stem)}' src='data:image/png;base64,{data}'>"
-        body = f"<ul>{''.join(rows)}</ul>" if rows else "<p>no committed study yet</p>"
-        out.append(f"<section class='card' id='card-{c.key}'><div class='text'><h3>{html.escape(c.title)}</h3>"
-                   f"<p class='sources'>{html.escape(c.sources)}</p>{body}</div>{fig}</section>")
+        if c.study_figure is not None:  # embedded as a link target: the page stays one self-contained file
+            data = base64.b64encode(c.study_figure.read_bytes()).decode()
+            fig += (f"<p class='sources'><a download='{html.escape(c.study_figure.name)}' "
+                    f"href='data:image/png;base64,{data}'>the study's figure</a></p>")
+        body = f"<ol>{''.join(rows)}</ol>" if rows else "<p>no committed study yet</p>"
+        out.append(f"<section class='card' id='card-{c.key}'><h3>{html.escape(c.title)}</h3>"
+                   f"<p class='sources'>{html.escape(c.sources)}</p>{body}{more}{fig}</section>")
     return f"<div class='cards'>{''.join(out)}</div>"
 
 
 STYLE = (".cards{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:1em;margin:1em 0}"
          ".card{border:1px solid #d0d7de;border-radius:8px;padding:.4em .8em;font-size:.8em;overflow:hidden}"
-         ".card h3{margin:.1em 0}.card ul{padding-left:1.1em;margin:.3em 0}.card li{margin:.25em 0}"
-         ".card{display:flex;gap:.6em;align-items:flex-start}.card .text{flex:1;min-width:0}"
-         ".card img{max-width:38%;max-height:9em;object-fit:contain}"
+         ".card h3{margin:.1em 0}.card ol{padding-left:1.4em;margin:.3em 0}.card li{margin:.25em 0}"
+         f".card img{{display:block;width:100%;max-width:{CARD_PX}px;height:auto}}"
          ".sources{color:#57606a;margin:0}.verdict{color:#fff;border-radius:4px;padding:0 .35em;font-size:.9em}"
          "details{margin:.5em 0}summary{cursor:pointer;font-weight:bold}")

@@ -16,10 +16,13 @@ def _plt():
     return plt
 
 
+DPI = 110
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=DPI)
     tmp.replace(path)  # atomic: a crash never leaves half a PNG
     _plt().close(fig)
     return path
@@ -93,14 +96,15 @@ def gain_vs_n(table: pl.DataFrame, x: str, y: str, path: Path) -> Path:
     return _save(fig, path)
 
 
-def effects(entries: list[dict], path: Path) -> Path:
+def effects(entries: list[dict], path: Path, width_px: int = 528) -> Path:
     """Ledger entries drawn: each effect with its spread (the interval the verdict read) against zero, the paper's
-    effect beside it where it is a number, coloured by verdict."""
+    effect beside it where it is a number, coloured by verdict, each row numbered as the card lists it; `width_px`
+    wide (a report card's width), its text at a reading size there."""
     from scalelab.ledger.cards import COLORS
     from scalelab.ledger.claims import verdict_of
 
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(3.6, 0.5 * len(entries) + 0.9))
+    fig, ax = plt.subplots(figsize=(width_px / DPI, 0.45 * len(entries) + 1.0))
     ys = range(len(entries))
     for y, e in zip(ys, entries):
         if e["effect"] is not None:
@@ -109,8 +113,8 @@ def effects(entries: list[dict], path: Path) -> Path:
         if isinstance(e["paper_effect"], (int, float)):
             ax.plot(e["paper_effect"], y, marker="x", color="black", ms=6, ls="none")
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_yticks(list(ys), [e["claim"][:28] + ("…" if len(e["claim"]) > 28 else "") for e in entries], fontsize=7)
+    ax.set_yticks(list(ys), [str(y + 1) for y in ys], fontsize=9)  # the card's numbered rows say what each is
     ax.invert_yaxis()
-    ax.tick_params(axis="x", labelsize=7)
-    ax.set_xlabel("effect ± spread (x: the paper's)", fontsize=7)
+    ax.tick_params(axis="x", labelsize=9)
+    ax.set_xlabel("effect ± spread (x: the paper's)", fontsize=9)
     return _save(fig, path)
