@@ -126,9 +126,13 @@ def no_process_left_behind():
 # starts late and runs alone at the end (LPT scheduling; xdist's own order, by number of tests, put them last).
 # By the per-file seconds the suite prints (pytest_terminal_summary below); test_study.py (its kill-mid-cell test
 # alone ~146 s on CI) had been left out, so it started among the last files.
-LONGEST_FIRST = ("test_pipeline.py", "test_crash.py", "test_experiments.py", "test_study.py", "test_runners.py",
-                 "test_flow.py", "test_runstate.py", "test_teamserver.py", "test_ui.py", "test_rehearsal.py",
-                 "test_hardening.py", "test_bad_params.py", "test_remote.py", "test_warm.py")
+# The files that need the micro DAG's one build (conftest's micro_build) come first on one worker, test_pipeline.py
+# building it; the other worker meanwhile runs the longest files that need none (test_flow.py, test_rehearsal.py),
+# instead of waiting on the build's lock, and the rest of the files that need the build follow.
+NEED_BUILD = ("test_pipeline.py", "test_crash.py", "test_experiments.py", "test_study.py", "test_runners.py")
+LONGEST_FIRST = ("test_pipeline.py", "test_flow.py", "test_rehearsal.py", *NEED_BUILD[1:], "test_runstate.py",
+                 "test_teamserver.py", "test_ui.py", "test_hardening.py", "test_bad_params.py", "test_remote.py",
+                 "test_warm.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -241,6 +245,16 @@ def prefect_db(tmp_path_factory):
     os.environ[PREFECT_DB_ENV] = str(db)
     seed_prefect_home(Path(os.environ["PREFECT_HOME"]))
     return db
+
+
+@pytest.fixture(scope="session")
+def micro_build(tmp_path_factory, prefect_db):
+    """The whole micro DAG built once per test run (workspace.build_micro), shared by the xdist workers (their
+    basetemps' common folder): the tests that need a built workspace each take a copy (workspace.copy_workspace)."""
+    from workspace import build_micro
+
+    base = tmp_path_factory.getbasetemp()
+    return build_micro(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import sqlite3
@@ -89,6 +90,17 @@ def seed_check_verdicts(ws: Path, env: dict[str, str]) -> None:
     shutil.copyfile(seed, stamp)
 
 
+def workspace_env(ws: Path) -> dict[str, str]:
+    """The environment `ws`'s stages run in: its own root and MLflow store, this venv first on PATH, and its src/ first
+    on PYTHONPATH (stages import that copy's library, not the installed one)."""
+    env = {**os.environ, "SCALELAB_ROOT": str(ws), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ws / "src"), os.environ.get("PYTHONPATH")])),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    for var in ("SCALELAB_PARENT_RUN_ID", "SCALELAB_PREFECT_FLOW_RUN_ID", "SCALELAB_RUN_ID"):
+        env.pop(var, None)
+    return env
+
+
 def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[str, str]:
     """The code of `code` as it is now (tracked or not, without results) in a fresh git repo at `ws`, with `params`
     as params.yaml; returns the environment its stages run in: its own root and MLflow store, this venv first on
@@ -106,11 +118,7 @@ def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[st
     from scalelab.config import profiles
 
     (ws / "params.yaml").write_text(profiles.complete_text(params))  # an overlay profile composed, as a switch writes it
-    env = {**os.environ, "SCALELAB_ROOT": str(ws), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ws / "src"), os.environ.get("PYTHONPATH")])),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
-    for var in ("SCALELAB_PARENT_RUN_ID", "SCALELAB_PREFECT_FLOW_RUN_ID", "SCALELAB_RUN_ID"):
-        env.pop(var, None)
+    env = workspace_env(ws)
     # Objects stored uncompressed (zlib level 0; git reads them as any other): compressing the ~2,600 files (results/
     # ~49 MB) at git's default level was about a third of this function's CPU
     git = ["git", "-c", "core.compression=0"]
@@ -120,3 +128,140 @@ def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[st
     seed_mlflow_store(ws / "mlflow.db")  # after the commit: a user's store is no part of the repo (.gitignore)
     seed_check_verdicts(ws, env)  # likewise .cache/
     return env
+
+
+# ---------------------------------------------------------------- the micro DAG, built once per test run
+# Building the whole micro DAG (every stage of dvc.yaml on the micro profile) is the suite's single biggest setup, and
+# several files need it, or a part of it: test_pipeline, test_experiments, test_crash, test_study, test_runners. It is
+# built once per test run by the first process to ask (under a lock the xdist workers share), and each test gets a
+# copy of its own (`copy_workspace`): the builds they did before, each in their own workspace, were the same work.
+BUILD_INFO = "build.json"
+BUILD_FAILED = "failed.txt"
+# Content-addressed stores: a file in them is never written again once there (git's objects, DVC's cache), so a copy
+# may share them by hard links. Everything else is copied: stages rewrite their outs, MLflow its store.
+SHARED_STORES = (".git/objects/", ".dvc/cache/")
+
+
+class MicroBuild:
+    """A finished build of the micro DAG: `ws` (never written after the build: copy it), `prefect_db` (the database
+    of the Prefect server the flow ran on, every run of it there), and what the flow run said (`info`): each stage's
+    status as the flow returned it, the flow run's id, its last log lines as Prefect's API served them, when each
+    stage's task ran, and the stage graph."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.ws, self.prefect_db = folder, folder / "ws", folder / "prefect" / "prefect.db"
+        self.info = json.loads((folder / BUILD_INFO).read_text())
+
+    @property
+    def statuses(self) -> list[dict]:
+        return self.info["statuses"]
+
+    def needs(self, targets: list[str]) -> list[str]:
+        """The stages `targets` select as `dvc repro <targets>` would (flows/dag.py: select): them, what they need."""
+        chosen, todo = set(), list(targets)
+        while todo:
+            if (stage := todo.pop()) not in chosen:
+                chosen.add(stage)
+                todo += self.info["needs"][stage]
+        return sorted(chosen)
+
+    def metrics(self, stages: list[str]) -> list[str]:
+        """The metrics files (metrics/**/*.json) among the outs of `stages`, each relative to the workspace."""
+        outs = {o for s in stages for o in self.info["outs"][s]}
+        return sorted(str(p.relative_to(self.ws)) for p in self.ws.glob("metrics/**/*.json")
+                      if any(str(q) in outs for q in (p.relative_to(self.ws), *p.relative_to(self.ws).parents)))
+
+    def seconds_until(self, stages: list[str]) -> float:
+        """Seconds from the start of the build's flow process until the last of `stages` had finished."""
+        return max(self.info["times"][s][1] for s in stages) - self.info["started"]
+
+
+def build_micro(shared: Path, workers: int = 2) -> MicroBuild:
+    """The micro DAG built once in `shared` (a folder every process of the test run sees) by the flow of
+    flows/pipeline.py with `workers` cells at once, in a process of its own on the temporary Prefect server that
+    process starts; the first caller (conftest: the `micro_build` fixture) builds it while the others wait on the
+    lock. A failed build is not retried by the next caller, which raises with the same output."""
+    folder = shared / "micro-build"
+    with open(shared / "micro-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / BUILD_FAILED).exists():
+            raise RuntimeError(f"the micro DAG's build failed (tried once per test run):\n"
+                               f"{(folder / BUILD_FAILED).read_text()}")
+        if not (folder / BUILD_INFO).exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            env = workspace_copy(folder / "ws")
+            env = {k: v for k, v in env.items() if not k.startswith("PREFECT_API")}
+            env["PREFECT_HOME"] = str(seed_prefect_home(folder / "prefect"))
+            res = subprocess.run([sys.executable, __file__, "build", str(folder), str(workers)], cwd=folder / "ws",
+                                 env=env, capture_output=True, text=True)
+            if res.returncode != 0 or not (folder / BUILD_INFO).exists():
+                (folder / BUILD_FAILED).write_text(f"exit {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-6000:]}")
+                raise RuntimeError(f"the micro DAG's build failed:\n{(folder / BUILD_FAILED).read_text()}")
+    return MicroBuild(folder)
+
+
+def _build(folder: Path, workers: int) -> None:
+    """The build itself, in its own process (build_micro): the flow as test_pipeline ran it, then what the tests
+    read of its run from Prefect while its server runs (it stops with this process)."""
+    import time
+
+    started = time.time()
+    import importlib.util
+
+    import scalelab  # noqa: F401  first, as in flows/pipeline.py: the offline defaults before Prefect reads them
+
+    spec = importlib.util.spec_from_file_location("scalelab_flow", ROOT / "flows" / "pipeline.py")
+    flow = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flow)
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+    from prefect.logging.handlers import APILogHandler
+
+    ws = folder / "ws"
+    os.chdir(ws)
+    state = flow.pipeline(workers=workers, return_state=True)
+    statuses = state.result()  # raises when the flow failed
+    run_id = state.state_details.flow_run_id
+    APILogHandler().flush()  # the warm server's report reaches the Prefect API before it is read
+    with get_client(sync_client=True) as prefect:
+        logs = [log.message for log in prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
+                                                        limit=20, sort=LogSort.TIMESTAMP_DESC)]
+        tasks, page = [], FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
+        # in pages: the API serves at most 200 task runs a call, and a DAG may have more stages
+        while batch := prefect.read_task_runs(flow_run_filter=page, limit=200, offset=len(tasks)):
+            tasks += batch
+    graph = flow.stage_graph(ws)
+    info = {"statuses": statuses, "flow_run_id": str(run_id), "logs": logs, "started": started,
+            "times": {t.name: [t.start_time.timestamp(), t.end_time.timestamp()] for t in tasks
+                      if t.start_time and t.end_time},
+            "needs": {s: sorted(graph.successors(s)) for s in graph},
+            "outs": {s: sorted(str(Path(o).relative_to(ws)) for o in graph.nodes[s]["outs"]) for s in graph}}
+    (folder / f".{BUILD_INFO}.tmp").write_text(json.dumps(info))
+    os.replace(folder / f".{BUILD_INFO}.tmp", folder / BUILD_INFO)
+
+
+def copy_workspace(src: Path, dest: Path) -> dict[str, str]:
+    """A copy of the built workspace `src` at `dest` that a test may change as it likes (its content-addressed stores
+    shared by hard links, ~1 s where rebuilding took minutes); returns its environment, as workspace_copy's. Its MLflow
+    store's absolute paths (artifact folders) point into the copy: a stage run there must not write into `src`."""
+
+    def copy(s: str, d: str) -> None:
+        if Path(s).relative_to(src).as_posix().startswith(SHARED_STORES):
+            os.link(s, d)
+        else:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dest, symlinks=True, copy_function=copy)
+    if (db := dest / "mlflow.db").exists():
+        with contextlib.closing(sqlite3.connect(db)) as con, con:
+            for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+                for col in con.execute(f"PRAGMA table_info('{table}')").fetchall():
+                    if col[2].upper().startswith(("TEXT", "VARCHAR", "STRING")):
+                        con.execute(f'UPDATE "{table}" SET "{col[1]}" = replace("{col[1]}", ?, ?) '
+                                    f'WHERE instr("{col[1]}", ?) > 0', (str(src), str(dest), str(src)))
+    return workspace_env(dest)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["build"]:
+    _build(Path(sys.argv[2]), int(sys.argv[3]))
