@@ -1,7 +1,8 @@
 """The whole DAG on the micro profile in a temporary git repo, built by the main command (the Prefect flow, 2 cells at
 once, stages started warm): every stage ran once and learned, DVC's state is complete (`dvc status` clean, a plain
 `dvc repro` reruns nothing), MLflow holds one child run per stage under the flow's parent, and changing one variant's
-params reruns only its cells (the invariants of a concurrent run, on the real stages)."""
+params reruns only its cells (the invariants of a concurrent run, on the real stages). The DAG is built once per test
+run (conftest's micro_build, which other files share); this module reads and changes a copy of its own."""
 
 import importlib.util
 import json
@@ -17,11 +18,7 @@ import yaml
 from conftest import ROOT
 from mlflow import MlflowClient
 from mutants import assert_caught, mutant
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-from prefect.client.schemas.sorting import LogSort
-from prefect.logging.handlers import APILogHandler
-from workspace import workspace_copy
+from workspace import copy_workspace
 
 pytestmark = pytest.mark.slow
 DVC = [sys.executable, "-m", "dvc"]
@@ -37,23 +34,16 @@ def _run(cmd, cwd, env):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, prefect_harness):
-    """The micro workspace after one flow run with 2 workers: (workspace, its env, the flow's final state)."""
+def built(tmp_path_factory, micro_build):
+    """The micro workspace after one flow run with 2 workers (conftest's micro_build: built once per test run), as this
+    module's own copy: (the build, the copy, its env)."""
     ws = tmp_path_factory.mktemp("pipeline") / "ws"
-    env = workspace_copy(ws)
-    with pytest.MonkeyPatch.context() as mp:
-        for key in ("SCALELAB_ROOT", "MLFLOW_TRACKING_URI", "PYTHONPATH"):
-            mp.setenv(key, env[key])
-        for var in ("SCALELAB_PARENT_RUN_ID", "SCALELAB_PREFECT_FLOW_RUN_ID", "SCALELAB_RUN_ID"):
-            mp.delenv(var, raising=False)
-        mp.chdir(ws)
-        state = flow_mod.pipeline(workers=2, return_state=True)
-        yield ws, env, state
+    return micro_build, ws, copy_workspace(micro_build.ws, ws)
 
 
 def test_the_flow_builds_every_stage_once_then_nothing(built):
-    ws, env, state = built
-    statuses = {r["stage"]: r["status"] for r in state.result()}
+    build, ws, env = built
+    statuses = {r["stage"]: r["status"] for r in build.statuses}
     stages = set(yaml.safe_load((ws / "dvc.lock").read_text())["stages"])
     assert {"prepare", "tokenizer", "tokenize", "scaling", "pretrain@unified-c-0", "pretrain_recipe@muon-standard-a-0",
             "optimizers@muon-b", "leaderboard", "compress@0", "hidden_decoding@n2-0",
@@ -70,15 +60,12 @@ def test_the_flow_builds_every_stage_once_then_nothing(built):
     # MLflow: the flow's parent run has exactly one finished child per stage that tracks a run
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name(yaml.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
-    found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{state.state_details.flow_run_id}'")
+    found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{build.info['flow_run_id']}'")
     (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
     children = [r.data.tags["dvc.stage"] for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == len(set(children)) and {s for s in stages if "@" in s} <= set(children)
     assert all(r.info.status == "FINISHED" for r in found)
-    APILogHandler().flush()  # the warm server's report reaches the Prefect API before it is read
-    with get_client(sync_client=True) as prefect:
-        logs = [log.message for log in prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(
-            any_=[state.state_details.flow_run_id])), limit=20, sort=LogSort.TIMESTAMP_DESC)]
+    logs = build.info["logs"]  # the flow run's last log lines, as the Prefect API served them after the run
     # every stage script's process started warm (the params check `python -m scalelab.pipeline.check` starts cold)
     assert any(f"served {len(stages) - 1} stage(s)" in m for m in logs)
 
@@ -86,8 +73,7 @@ def test_the_flow_builds_every_stage_once_then_nothing(built):
     assert "Running stage" not in _run(DVC + ["repro"], ws, env)  # a plain `dvc repro` agrees: nothing to do
 
 
-def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers_compare(built, prefect_harness,
-                                                                                         tmp_path):
+def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers_compare(built, tmp_path):
     """`make ui`'s two servers over this module's real flow run (every stage of dvc.yaml on the micro profile): the
     MLflow parent run with its pretrain cells and the saved view's columns (variant, size, seed, validation loss),
     their validation-loss curves, and the Prefect flow run with its task graph and artifacts and the nightly
@@ -102,12 +88,12 @@ def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers
 
     from scalelab.tracking import dashboard, ui
 
-    ws, env, state = built
+    build, ws, env = built
     browser = _browser()
     home = tmp_path / "prefect"
     home.mkdir()
-    with sqlite3.connect(prefect_harness) as src, sqlite3.connect(home / "prefect.db") as dst:
-        src.backup(dst)  # a consistent copy while the harness's server still runs
+    with sqlite3.connect(build.prefect_db) as src, sqlite3.connect(home / "prefect.db") as dst:
+        src.backup(dst)  # the database of the Prefect server the build's flow ran on
     servers_env = {"MLFLOW_TRACKING_URI": env["MLFLOW_TRACKING_URI"], "PREFECT_HOME": str(home)}
     SHOTS.mkdir(parents=True, exist_ok=True)
     try:
@@ -120,7 +106,7 @@ def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers
             (parent,) = [r for r in runs if r["info"]["run_name"].startswith("pipeline ")]
             children = [r for r in runs if {"key": "mlflow.parentRunId", "value": parent["info"]["run_id"]}
                         in r["data"]["tags"]]
-            cells = {r["stage"] for r in state.result() if r["stage"].startswith(("pretrain@", "evaluate@"))}
+            cells = {r["stage"] for r in build.statuses if r["stage"].startswith(("pretrain@", "evaluate@"))}
             assert cells and cells <= {r["info"]["run_name"] for r in children}  # a child run per cell
             cell = next(r for r in children if r["info"]["run_name"] == "pretrain@unified-c-0")
             assert {"key": "mlflow.source.name", "value": "stages/pretrain.py"} in cell["data"]["tags"]
@@ -146,11 +132,11 @@ def test_the_dashboards_show_this_flow_run_its_cells_and_the_columns_researchers
             _docs_screenshot("pipeline_mlflow_chart.png", "mlflow-chart.png")
 
             papi = f"{urls['prefect']}/api"
-            flow_run = _json(f"{papi}/flow_runs/{state.state_details.flow_run_id}")
+            flow_run = _json(f"{papi}/flow_runs/{build.info['flow_run_id']}")
             assert flow_run["state_type"] == "COMPLETED"
             tasks = _json(f"{papi}/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}},
                                                        "limit": 200})
-            assert {r["stage"] for r in state.result()} <= {t["name"] for t in tasks}  # a task per stage cell
+            assert {r["stage"] for r in build.statuses} <= {t["name"] for t in tasks}  # a task per stage cell
             artifacts = _json(f"{papi}/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
             assert {a["key"]: a["type"] for a in artifacts} == {"scalelab-pipeline": "markdown",
                                                                 "scalelab-report": "markdown"}
@@ -182,7 +168,7 @@ def test_a_study_of_hidden_decoding_cells_is_decided_as_the_summary_stage_decide
     from scalelab.ledger import claims
     from scalelab.hidden_decoding import ledger as hidden_decoding
 
-    ws, _, _ = built
+    _, ws, _ = built
     folder = tmp_path / "hd-study"
     for metrics in sorted((ws / "metrics" / "hidden_decoding").glob("*.json")):
         name = metrics.stem
@@ -195,10 +181,15 @@ def test_a_study_of_hidden_decoding_cells_is_decided_as_the_summary_stage_decide
     assert hidden_decoding.study(folder) == claims.read_claims(ws / "metrics" / "claims_c.json")
 
 
-def test_changing_one_variant_reruns_only_its_cells(built):
+def test_changing_one_variant_reruns_only_its_cells(built, prefect_harness, monkeypatch):
     """One variant's params edited: the main command reruns exactly that variant's cells and the stages downstream of
     them (by the DAG), and the params check; every other stage is up to date."""
-    ws, env, _ = built
+    _, ws, env = built
+    for key in ("SCALELAB_ROOT", "MLFLOW_TRACKING_URI", "PYTHONPATH"):  # the flow runs in this process, on the copy
+        monkeypatch.setenv(key, env[key])
+    for var in ("SCALELAB_PARENT_RUN_ID", "SCALELAB_PREFECT_FLOW_RUN_ID", "SCALELAB_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(ws)
     params = yaml.safe_load((ws / "params.yaml").read_text())
     params["model"]["variants"]["none"] = {"scales": True}  # a real change: its cells train another model
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
