@@ -15,7 +15,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 from mutants import mutant, mutation_checks
-from workspace import workspace_copy
+from workspace import copy_workspace, seed_mlflow_store
 
 import scalelab
 
@@ -57,13 +57,19 @@ def _queue_drained(ws, env, saved, timeout=600.0):
 
 
 @pytest.fixture(scope="module")
-def experiments(tmp_path_factory):
-    """A committed baseline (one pretrain cell) and the four experiments run from it."""
+def experiments(tmp_path_factory, micro_build):
+    """A committed baseline (the micro DAG, its pretrain cell last run by a plain `dvc repro`) and the four experiments
+    run from it."""
     ws = tmp_path_factory.mktemp("experiments") / "ws"
-    env = workspace_copy(ws)
+    # the micro DAG as built once per test run (conftest's micro_build), in a copy of this module's own; the baseline's
+    # cell is run again by a plain `dvc repro`, as a user's baseline is, into an empty store: the store then holds its
+    # run and the experiments' alone, each under the parent run of its own params (the flow's parent run has none)
+    env = copy_workspace(micro_build.ws, ws)
+    (ws / "mlflow.db").unlink()
+    seed_mlflow_store(ws / "mlflow.db")
     for var in ("SCALELAB_ROOT", "MLFLOW_TRACKING_URI"):  # a user's shell: scalelab finds the root and the store
         env.pop(var)
-    _run(DVC + ["repro", CELL], ws, env)
+    assert f"Running stage '{CELL}'" in _run(DVC + ["repro", "--force", "--single-item", CELL], ws, env)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     _run(["git", "add", "-A"], ws, env)
     _run(git + ["commit", "-qm", "baseline"], ws, env)
