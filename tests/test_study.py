@@ -3,9 +3,10 @@ resumed from what is committed (scalelab.study).
 
 The fast tests build the micro study's grid with DVC in a copy of the project and check the plan, the budget, the
 gate the flow asks, stale and changed cells against fabricated committed ones, and the spec's errors. The slow one
-runs a three-cell micro study uninterrupted, runs it again in another clone and kills every process of it with
-SIGKILL in the middle of a cell, commits the cells kept by then, and finishes the study from a fresh `git clone`:
-no kept cell is recomputed, and the cells' results and the ledger equal the uninterrupted run's.
+runs a three-cell micro study in a clone and kills every process of it with SIGKILL in the middle of a cell, commits
+the cells kept by then, and finishes the study from a fresh `git clone`: no kept cell is recomputed, and the cells'
+results and the ledger equal the uninterrupted run's. Its three cells are cells of the whole micro DAG, whose build
+(conftest's micro_build, once per test run) is that uninterrupted run.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ crash_spec = importlib.util.spec_from_file_location("flow_crash", ROOT / "benchm
 crash = importlib.util.module_from_spec(crash_spec)  # a process tree's marks, kill_tree, timing-free metrics
 crash_spec.loader.exec_module(crash)
 
-# Three tiny cells (variants none, standard, unified at size a), no sharpness: seconds each
+# Three tiny cells (variants none, standard, unified at size a): seconds each. Their params are the micro profile's
+# (the grid's sizes are no params of a cell), so the micro DAG's build holds each one's uninterrupted result.
 SPEC = """\
 profile: tests/micro_params.yaml
 params:
   pretrain.grid.sizes: [a]
   evaluate.sizes: [a]
-  pretrain.sharpness.enabled: false
 grid:
   - stage: pretrain
 seeds: [0]
@@ -376,34 +377,49 @@ def _study(ws: Path, env: dict[str, str], tag: str, *args: str, kill_after: int 
 
 def _cells_results(ws: Path) -> dict[str, dict]:
     """Each kept cell's files, timings aside: the metrics JSON parsed, the curve CSV's loss columns."""
-    out = {}
-    for r in cells.read(ws / "results" / "micro"):
-        for rel in r.meta["files"]:
-            text = (r.folder / rel).read_text()
-            if rel.endswith(".json"):
-                out[rel] = crash._results(json.loads(text))
-            else:
-                rows = [line.split(",") for line in text.splitlines()]
-                keep = [i for i, h in enumerate(rows[0]) if "loss" in h or h in ("step", "tokens")]
-                out[rel] = [[row[i] for i in keep] for row in rows]
-    return out
+    return {rel: _result(rel, (r.folder / rel).read_text())
+            for r in cells.read(ws / "results" / "micro") for rel in r.meta["files"]}
+
+
+def _result(rel: str, text: str):
+    if rel.endswith(".json"):
+        return crash._results(json.loads(text))
+    rows = [line.split(",") for line in text.splitlines()]
+    keep = [i for i, h in enumerate(rows[0]) if "loss" in h or h in ("step", "tokens")]
+    return [[row[i] for i in keep] for row in rows]
+
+
+def _built_study(build, base: Path, folder: Path, monkeypatch) -> tuple[dict[str, dict], list[dict]]:
+    """The uninterrupted run's cells, from the micro DAG's build: their files (timings aside, as _cells_results reads
+    a study's), and the ledger the study's own writer makes of them (scalelab.study.ledger.write_ledger, its generator
+    imported from `base`), laid out in `folder` as a study keeps its cells."""
+    from scalelab.study import ledger as study_ledger
+
+    results, root = {}, folder / "root"
+    for address in CELLS:
+        files = [rel for rel in build.info["outs"][address] if rel.startswith(("metrics/", "plots/"))]
+        for rel in files:
+            results[rel] = _result(rel, (build.ws / rel).read_text())
+            (root / "results" / "micro" / "cells" / address / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(build.ws / rel, root / "results" / "micro" / "cells" / address / rel)
+        (root / "results" / "micro" / "cells" / address / "cell.json").write_text(json.dumps({"files": files}))
+    monkeypatch.syspath_prepend(str(base / "src"))  # the study's generator, micro_ledger
+    ledger = json.loads(study_ledger.write_ledger(spec.load(base, "micro"), root).read_text())
+    return results, ledger
 
 
 @pytest.mark.slow
-def test_a_study_killed_mid_cell_finishes_from_a_fresh_clone_without_recomputing(tmp_path, prefect_db):
+def test_a_study_killed_mid_cell_finishes_from_a_fresh_clone_without_recomputing(tmp_path, prefect_db, micro_build,
+                                                                                  monkeypatch):
     rng = random.Random(7)
     base = tmp_path / "base"
     env = _project(base)
-    mlflow = seed_mlflow_store(tmp_path / "mlflow.db")  # the three clones' one store
+    mlflow = seed_mlflow_store(tmp_path / "mlflow.db")  # the two clones' one store
 
-    ref = tmp_path / "reference"
-    ref_env = _clone(base, ref, env, mlflow)
-    code, out = _study(ref, ref_env, "ref", "--workers", "2")
-    assert code == 0, out[-3000:]
-    assert out.count("] done   pretrain@") == 3, out
-    reference = _cells_results(ref)
+    # the uninterrupted run: the micro DAG's build, where each of the three cells ran
+    assert {r["stage"]: r["status"] for r in micro_build.statuses if r["stage"] in CELLS} == dict.fromkeys(CELLS, "ran")
+    reference, ledger = _built_study(micro_build, base, tmp_path / "reference", monkeypatch)
     assert len(reference) == 6
-    ledger = json.loads((ref / "results" / "micro" / "claims_a.json").read_text())
     assert [e["id"] for e in ledger] == [f"micro.{v}-a-base-0.json" for v in ("none", "standard", "unified")]
 
     killed = tmp_path / "killed"
