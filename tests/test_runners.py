@@ -5,7 +5,6 @@ flow run nor a plain `dvc repro` reruns anything, and the MLflow parent run has 
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import yaml
 from conftest import ROOT
 from mutants import assert_caught, mutant
 from mlflow import MlflowClient
-from workspace import workspace_copy
+from workspace import copy_workspace
 
 pytestmark = pytest.mark.slow
 spec = importlib.util.spec_from_file_location("scalelab_flow", ROOT / "flows" / "pipeline.py")
@@ -44,18 +43,12 @@ def _run(cmd, cwd, env):
     return res.stdout
 
 
-@pytest.fixture(scope="module")
-def data_workspace(tmp_path_factory):
-    """The code as it is now with the micro profile, its data stages built by a plain `dvc repro`."""
-    ws = tmp_path_factory.mktemp("runners") / "ws"
-    _run(DVC + ["repro", "tokenize"], ws, workspace_copy(ws))
-    return ws
-
-
 @pytest.mark.parametrize("kind", ["dask", "ray"])  # the local thread runner: test_pipeline, on the whole DAG
-def test_micro_grid_on_each_runner(kind, data_workspace, tmp_path, prefect_harness, monkeypatch):
+def test_micro_grid_on_each_runner(kind, micro_build, tmp_path, prefect_harness, monkeypatch):
+    # the micro DAG as built once per test run (conftest's micro_build), in a copy of this test's own: its data stages
+    # are up to date, and the barrier below edits the stage script every pretrain cell depends on, so the cells rerun
     ws = tmp_path / "ws"
-    shutil.copytree(data_workspace, ws, symlinks=True)
+    copy_workspace(micro_build.ws, ws)
     script = ws / "stages" / "pretrain.py"
     main = '\nif __name__ == "__main__":'
     script.write_text(script.read_text().replace(main, BARRIER + main))
