@@ -21,6 +21,7 @@ def train(params: Params, args: argparse.Namespace) -> None:
     hd = params.hidden_decoding
     if hd is None:
         raise ParamsError("params has no hidden_decoding section")
+    hd = hd.for_seed(args.seed)  # under backbone_per_seed: this seed's pretrain cell
     if args.cell not in hd.cells:
         raise ParamsError(f"--cell {args.cell!r}: not in hidden_decoding.cells ({sorted(hd.cells)})")
     model_cfg = hd.model(args.cell)
@@ -46,8 +47,8 @@ def train(params: Params, args: argparse.Namespace) -> None:
     from scalelab import tracking
     from scalelab.hidden_decoding.task import cell_train, task_of
 
-    steps = hdt.cell_steps(hd, args.cell, backbone_config)
     corpus = hdt.load_corpus(hd, args.cell, shards, Path("data/prepared"), hdt.backbone_tokenizer(hd))
+    steps = hdt.cell_steps(hd, args.cell, backbone_config, len(corpus.shards.train))
     task = task_of(hd, args.cell)
     logged = {"cell": {"name": args.cell, "seed": args.seed, "steps": steps,
                        **({"task": task.describe()} if task else {})},

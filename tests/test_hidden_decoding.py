@@ -457,6 +457,10 @@ def test_a_local_llama_continues_training(tmp_path):
     assert float(curve[1].split(",")[3]) == metrics["val_loss_start"] == pytest.approx(first, abs=0.1)
     assert metrics["val_loss"] < first - 1.0 and metrics["steps"] == 30
     assert math.isfinite(metrics["flops"]) and metrics["n_streams"] == 2
+    # the mixing check: the trained model with and without its cross-stream mixing, on the final validation windows
+    assert metrics["val_loss_mixing_on"] == pytest.approx(metrics["val_loss"], abs=1e-6)
+    assert metrics["val_loss_mixing_off"] != metrics["val_loss_mixing_on"] and metrics["backbone_run"] is None
+    assert metrics["passes"] == pytest.approx(30 * 8 * 16 / 20000)
     # the tables' spread: 0 at init without noise, moved apart by training
     assert metrics["table_spread_start"] == 0.0 and metrics["table_spread"] > 1e-3
     reloaded = load_hidden_decoding(tmp_path / "out/model")
@@ -644,9 +648,11 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
         for seed in cfg.seeds:
             jitter = 0.001 * np.random.default_rng([seed, *map(ord, cell)]).standard_normal()  # per cell and seed
             spread = {"table_spread_start": 0.1, "table_spread": 0.3} if cell == "n4" else {}
+            on = value + 0.3 * seed + jitter
+            mixing = {"val_loss_mixing_on": on, "val_loss_mixing_off": on + 0.05 + jitter} if cell[:2] == "n4" or \
+                cell == "n2" else {}  # switched off, the trained mixing costs 0.05
             (tmp_path / f"{cell}-{seed}.json").write_text(json.dumps(
-                {"val_loss": value + 0.3 * seed + jitter, "params": params[cell], "tokens": 4096, "steps": 8,
-                 **spread}))
+                {"val_loss": on, "params": params[cell], "tokens": 4096, "steps": 8, **spread, **mixing}))
     cells = hdr.collect(tmp_path, cfg)
     cmp = hdr.comparisons(cells, cfg)
     assert cmp["gain_tokens"][2] == pytest.approx([0.1] * 3, abs=0.003)
@@ -661,6 +667,8 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
     assert (reg["params"], reg["non_embedding_params"], reg["tokens"], reg["steps"]) == (1000, 900, 4096, 8)
     assert reg["paper_tokens_per_param"] == pytest.approx(75e9 / 8e9) and reg["scope"] == "small-scale"
     assert all(p["passed"] for e in entries for p in e["premises"])
+    # the equal-FLOPs rows are reported beside the paper's claims, which compare at equal tokens only
+    assert {e["published"] for e in entries if ".flops." in e["id"]} == {hdr.PUBLISHED_FLOPS}
     (tmp_path / "c4-1.json").unlink()
     with pytest.raises(ValueError, match="c4-1.json: missing"):
         hdr.collect(tmp_path, cfg)
@@ -793,8 +801,9 @@ def test_a_continued_pretraining_waits_for_the_step0_gap(tmp_path):
 
     cfg = HiddenDecodingConfig(cells={"n1": {}, "n2": {"n_streams": 2}}, grid=["n1", "n2"], seeds=[0, 1, 2])
     end = {"n1": [3.46, 3.47, 3.45], "n2": [3.56, 3.58, 3.57]}
-    cells = {c: {s: {"val_loss": v, "params": 100, "tokens": 2048, "steps": 16} for s, v in enumerate(vs)}
-             for c, vs in end.items()}
+    cells = {c: {s: {"val_loss": v, "params": 100, "tokens": 2048, "steps": 16,
+                     **({"val_loss_mixing_on": v, "val_loss_mixing_off": v + 0.1 + 0.01 * s} if c == "n2" else {})}
+                 for s, v in enumerate(vs)} for c, vs in end.items()}
     cmp = hdr.comparisons(cells, cfg)
 
     def verdict(gap_before):  # n = 2's gap to n = 1 at the earlier validation; 0.11 at the last
@@ -813,26 +822,47 @@ def test_a_continued_pretraining_waits_for_the_step0_gap(tmp_path):
     assert entry["verdict"] == "reproduced" and entry["premises"][0]["passed"]
 
 
-def test_a_gated_continued_pretraining_is_decided_only_once_its_gates_opened():
-    """Under the gated start n = 2 begins level with n = 1, so recovery holds at once; the comparison tests the method
-    only where the gates opened (mean α ≥ GATE_OPEN in every seed): a nearly closed gate, or none logged, is untested
-    on the same final numbers that decide the claim once the gate is open."""
+def test_recovery_has_an_absolute_floor():
+    """A gap to n = 1 within RECOVERED_FLOOR at the last point is recovered whatever its sign or trend (a gap of a
+    ten-thousandth no longer fails on one side of 0 and passes on the other); above the floor a gap still closing
+    fails."""
+    from scalelab.hidden_decoding import premises as hdp
+
+    def passed(before, last):
+        return hdp.recovered("n2", [(1024.0, [before] * 3), (2048.0, [last] * 3)])["passed"]
+
+    floor = hdp.RECOVERED_FLOOR
+    assert passed(0.0003, 0.0001) and passed(-0.0003, -0.0001)  # both sides of 0, the gap still closing
+    assert passed(3 * floor, floor) and not passed(3 * floor, 1.5 * floor)  # the floor itself, and just above it
+    assert passed(1.04 * floor * 2, floor * 2)  # above it, no longer closing: played out
+    assert hdp.recovered("n2", [(2048.0, [floor / 2] * 3)])["passed"]  # one point within the floor needs no trend
+
+
+def test_a_continued_pretraining_is_decided_only_where_its_mixing_acts():
+    """Whatever the start (gated here: n = 2 begins level with n = 1, so recovery holds at once), a comparison tests
+    the method only where the trained model's loss with its cross-stream mixing switched off differs from its own,
+    the same way over seeds: mixing that changes nothing (a gate that stayed shut), or no such check recorded, is
+    untested on the same final numbers that decide the claim once the mixing acts; mixing that hurts acts too."""
     from scalelab.hidden_decoding import ledger as hdr
 
     cfg = HiddenDecodingConfig(positions="shared", cells={"n1": {}, "n2": {"n_streams": 2, "start": "gated"}},
                                grid=["n1", "n2"], seeds=[0, 1, 2])
     end = {"n1": [3.46, 3.47, 3.45], "n2": [3.26, 3.28, 3.27]}
 
-    def verdict(gates):
+    def entry(off_minus_on):
         cells = {c: {s: {"val_loss": v, "params": 100, "tokens": 2048, "steps": 16,
-                         **({"gate_mean": gates[s]} if c == "n2" and gates is not None else {})}
+                         **({"val_loss_mixing_on": v, "val_loss_mixing_off": v + off_minus_on[s]}
+                            if c == "n2" and off_minus_on is not None else {})}
                      for s, v in enumerate(vs)} for c, vs in end.items()}
         curves = {c: {s: [(0.0, 3.9), (2048.0, v)] for s, v in enumerate(vs)} for c, vs in end.items()}
-        return hdr.claims(hdr.comparisons(cells, cfg), hdr.Setting(cfg, cells, curves=curves), 0.8)[0]["verdict"]
+        return hdr.claims(hdr.comparisons(cells, cfg), hdr.Setting(cfg, cells, curves=curves), 0.8)[0]
 
-    assert verdict([0.9, 0.7, 0.6]) == "reproduced"
-    assert verdict([0.9, 0.7, 0.02]) == "untested (n2's gates opened: α 0.02 (lowest seed))"
-    assert verdict(None) == "untested (n2's gates opened: not logged)"
+    assert entry([0.21, 0.19, 0.2])["verdict"] == "reproduced"
+    assert entry([-0.02, -0.03, -0.025])["verdict"] == "reproduced"  # the mixing acts, against the model
+    shut = entry([1e-6, -2e-6, 0.0])
+    assert shut["verdict"].startswith("untested (n2's mixing acts: off − on -0.0000 ± ")
+    assert entry(None)["verdict"] == "untested (n2's mixing acts: not measured)"
+    assert entry([0.0, 0.0, 0.0])["premises"][-1]["passed"] is False  # exactly nothing switched off
 
 
 # ------------------------------------------------------------------ the gated start
@@ -1023,8 +1053,48 @@ def _(monkeypatch):
     _after_init(monkeypatch, opened)
 
 
+@mutant("hd-mixing-never-off")  # the switch leaves the mixing on: the mixing check compares the model with itself
+def _(monkeypatch):
+    from contextlib import nullcontext
+
+    monkeypatch.setattr(HiddenDecodingLM, "mixing_off", lambda self: nullcontext())
+
+
+@mutant("hd-mixing-premise-off")  # a continued pretraining read whether or not its mixing acts
+def _(monkeypatch):
+    from scalelab.ledger import claims as ledger
+    from scalelab.hidden_decoding import premises as hdp
+
+    monkeypatch.setattr(hdp, "mixing_acts", lambda cell, rows, level=0.95: ledger.premise(f"{cell}", "off", True, ""))
+
+
+@mutant("hd-start-bound-ignored")  # any step-0 gap taken for a start that preserves the backbone's function
+def _(monkeypatch):
+    from scalelab.ledger import claims as ledger
+    from scalelab.hidden_decoding import premises as hdp
+
+    monkeypatch.setattr(hdp, "start_preserved", lambda cell, gaps, bound: ledger.premise(cell, "off", True, ""))
+
+
+@mutant("hd-predictor-on-a-copy")  # predictor_table ignored: the predicting stream reads a noisy copy
+def _(monkeypatch):
+    real = HiddenDecodingLM.embeddings
+
+    def embeddings(self):
+        if self.gated or self.cfg.tables != "separate":
+            return real(self)
+        e1 = self.backbone.get_input_embeddings()
+        return [e1, *self.extra_embeds]
+
+    monkeypatch.setattr(HiddenDecodingLM, "embeddings", embeddings)
+
+
 T = "tests/test_hidden_decoding.py::"
 CAUGHT = [
+    ("hd-mixing-never-off", f"{T}test_switching_the_mixing_off_leaves_the_backbone_on_the_trained_weights"),
+    ("hd-mixing-premise-off", f"{T}test_a_continued_pretraining_is_decided_only_where_its_mixing_acts"),
+    ("hd-start-bound-ignored", f"{T}test_the_setup_premises_fail_where_the_setup_is_wrong"),
+    ("hd-predictor-on-a-copy", f"{T}test_the_backbones_table_on_the_predicting_stream_starts_at_the_backbones_function"),
     ("hd-gate-starts-open", f"{T}test_the_gated_start_is_the_backbone_at_step0_and_then_opens"),
     ("hd-tables-frozen", f"{T}test_a_local_llama_continues_training"),
     ("hd-tables-not-copied", f"{T}test_tables_start_as_exact_copies_of_the_backbones_embedding"),
@@ -1142,3 +1212,179 @@ def test_the_start_table_pairs_each_window_with_one_stream(tmp_path):
     del files["s1-0.json"]
     with pytest.raises(ValueError, match="no forward-only n = 1 cell of seed 0"):
         hd_start.rows(cfg, files)
+
+
+# ------------------------------------------------------------------ continued from the pipeline's own backbone
+@pytest.mark.parametrize("make", [llama, qwen3])
+@pytest.mark.parametrize("n,attention", [(2, "sfa"), (4, "sfa"), (4, "full")])
+def test_switching_the_mixing_off_leaves_the_backbone_on_the_trained_weights(make, n, attention):
+    """With token positions and the backbone's table on the predicting stream, the model with its cross-stream
+    mixing switched off is its backbone's forward on the same (here perturbed, as trained) weights, exactly what the
+    premise that the mixing acts compares against; with the mixing on it differs, and leaving the switch restores
+    it."""
+    backbone = make(layers=2)
+    model = hd(backbone, n_streams=n, attention=attention, positions="shared", predictor_table="backbone")
+    with torch.no_grad():  # "trained": every weight moved, the extra tables included
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    x = tokens()
+    on = model(x).logits
+    with model.mixing_off():
+        off = model(x).logits
+    model_impl = backbone.config._attn_implementation
+    torch.testing.assert_close(off, backbone(x).logits, atol=2e-5, rtol=1e-5)
+    assert (on - off).abs().max() > 1e-3
+    assert torch.equal(model(x).logits, on) and backbone.config._attn_implementation == model_impl
+
+
+def test_the_gated_start_switched_off_is_its_gate_shut_and_local_layers_are_refused():
+    model = hd(llama(), n_streams=2, positions="shared", start="gated")
+    x = tokens()
+    with model.mixing_off():
+        off = model(x).logits
+    assert torch.equal(off, model(x).logits)  # α = 0: the mixing switched off changes nothing
+    with torch.no_grad():
+        for g in model.mix_gates:
+            g.fill_(0.5)
+    with model.mixing_off():
+        assert torch.equal(model(x).logits, off)
+    assert (model(x).logits - off).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="local cross-stream layers"):
+        with hd(llama(), n_streams=2, local_layers=[1]).mixing_off():
+            pass
+
+
+@pytest.mark.parametrize("make", [llama, qwen3])
+def test_the_backbones_table_on_the_predicting_stream_starts_at_the_backbones_function(make):
+    """Under the open start with token positions and the last of two layers mixing, the predicting stream on the
+    backbone's own table starts as the backbone up to float rounding where the hidden tables are exact copies, and
+    with noisy copies it starts nearer the backbone than a predicting stream on a noisy copy does."""
+    backbone, x = make(layers=2), tokens(T=16)
+    ref = backbone(x).logits
+
+    def gap(**kw):
+        return (hd(backbone, n_streams=2, positions="shared", **kw)(x).logits - ref).abs().mean().item()
+
+    assert gap(predictor_table="backbone", embed_noise=0.0) < 1e-6
+    assert gap(predictor_table="backbone") < gap(predictor_table="copy") / 2
+    model = hd(backbone, n_streams=3, positions="shared", predictor_table="backbone")
+    assert model.embeddings()[-1] is backbone.get_input_embeddings()
+
+
+def test_a_backbone_per_seed_is_that_seeds_pretrain_cell():
+    from scalelab.config.hidden_decoding import PER_SEED_DEP
+
+    cfg = HiddenDecodingConfig(source={"per_seed": "standard-xs-base"}, source_dep=PER_SEED_DEP,
+                               cells={"n1": {}}, grid=["n1"], seeds=[0, 3])
+    three = cfg.for_seed(3)
+    assert three.source == ModelSource(cell="standard-xs-base-3")
+    assert three.source_dep == "data/pretrain/standard-xs-base-3/model/hf" and three.train.corpus == "auto"
+    assert not cfg.uses_text() and not three.uses_text()  # a pipeline cell continues on the pipeline's shards
+    fixed = HiddenDecodingConfig(cells={"n1": {}}, grid=["n1"])
+    assert fixed.for_seed(3) is fixed
+    with pytest.raises(ValueError, match="the folder of every seed's export"):
+        HiddenDecodingConfig(source={"per_seed": "standard-xs-base"}, source_dep="data/pretrain/standard-xs-base-0",
+                             cells={"n1": {}}, grid=["n1"])
+    with pytest.raises(ValueError, match="per_seed"):
+        HiddenDecodingConfig(source={"per_seed": "a b"}, source_dep=PER_SEED_DEP, cells={"n1": {}}, grid=["n1"])
+
+
+def test_a_continued_cell_records_its_backbones_run_and_draws_other_windows(tmp_path, monkeypatch):
+    """A cell continuing a pipeline pretrain cell records that cell's own run (its tokens, non-embedding parameters
+    and validation curve: the backbone-trained premise's input) and draws its training windows from a stream other
+    than its backbone's pretraining on the same seed; a path or random source draws the seed's own."""
+    from scalelab.hidden_decoding import train as hdt
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "data/pretrain/standard-xs-base-2/model"
+    (folder / "hf").mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"tokens": 4096, "params": 900, "non_embedding_params": 200,
+                                                     "val_loss": 3.1}))
+    (folder / "curve.csv").write_text("step,tokens,train_loss,val_loss,lr\n1,1024,5.0,,0.1\n2,2048,4.0,3.5,0.1\n"
+                                      "4,4096,3.2,3.1,0.1\n")
+    cfg = HiddenDecodingConfig(source={"per_seed": "standard-xs-base"}, source_dep="data/pretrain",
+                               cells={"n1": {}}, grid=["n1"]).for_seed(2)
+    assert hdt.backbone_run(cfg) == {"cell": "standard-xs-base-2", "tokens": 4096, "params": 900,
+                                     "non_embedding_params": 200, "val_loss": 3.1,
+                                     "val_curve": [[2048.0, 3.5], [4096.0, 3.1]]}
+    assert hdt.stream_seed(cfg, 2) != 2
+    path = HiddenDecodingConfig(source={"path": "somewhere"}, source_dep="somewhere", cells={"n1": {}}, grid=["n1"])
+    assert hdt.stream_seed(path, 2) == 2 and hdt.backbone_run(path) is None
+
+
+def test_a_flop_matched_control_is_capped_at_its_passes():
+    from scalelab.hidden_decoding.train import cell_steps
+
+    cells = {"n4": {"n_streams": 4}, "c4": {"flops_of": {"n_streams": 4}, "max_passes": 2}}
+    cfg = HiddenDecodingConfig(cells=cells, grid=list(cells), train={"max_steps": 100, "seq_len": 16,
+                                                                     "batch_size": 8})
+    uncapped = cell_steps(cfg.model_copy(update={"cells": {**cfg.cells, "c4": cfg.cells["c4"].model_copy(
+        update={"max_passes": None})}}), "c4", llama().config)
+    assert uncapped > 100
+    assert cell_steps(cfg, "c4", llama().config, train_tokens=10**9) == uncapped  # far from the cap
+    assert cell_steps(cfg, "c4", llama().config, train_tokens=16 * 8 * 30) == 60  # 2 passes of 30 steps' tokens
+    with pytest.raises(ValueError, match="max_passes needs the training stream"):
+        cell_steps(cfg, "c4", llama().config)
+    with pytest.raises(ValueError, match="max_passes .* without flops_of"):
+        HiddenDecodingConfig(cells={"n1": {"max_passes": 4}}, grid=["n1"])
+
+
+def test_the_setup_premises_fail_where_the_setup_is_wrong():
+    """Each setup premise of a continued pretraining against the bound it is given: a step-0 gap past the bound in
+    one seed, a backbone caught mid-descent (most of its drop in its last quarter), a budget below the paper's over
+    the factor all fail; their counterparts pass."""
+    from scalelab.hidden_decoding import premises as hdp
+
+    assert hdp.start_preserved("n2", [0.001, -0.004, 0.002], 0.005)["passed"]
+    assert not hdp.start_preserved("n2", [0.001, -0.006, 0.002], 0.005)["passed"]
+    assert not hdp.start_preserved("n2", [], 0.005)["passed"]
+    plateaued = [[t * 100.0, 3.0 + 4.0 / t] for t in range(1, 41)]  # 1/t: most of the drop long before the end
+    descending = [[t * 100.0, 7.0 - 0.1 * t] for t in range(1, 41)]  # linear: a quarter of the drop in each quarter
+    assert hdp.plateau_share(plateaued) < 0.1 < hdp.plateau_share(descending)
+    rows = lambda curve: [{"backbone_run": {"val_curve": curve}} for _ in range(3)]  # noqa: E731
+    assert hdp.backbone_trained(rows(plateaued), 0.1)["passed"]
+    assert not hdp.backbone_trained(rows(plateaued)[:2] + rows(descending)[:1], 0.1)["passed"]
+    assert not hdp.backbone_trained([{}], 0.1)["passed"]
+    at = lambda tokens: hdp.regime(4, params=400, non_embedding_params=100, tokens=tokens, steps=1,  # noqa: E731
+                                   probe=False, per_non_embedding=True, scope="paper")
+    assert at(1875)["ratio"] == pytest.approx(1.0) and at(1875)["tokens_per_param"] == pytest.approx(18.75)
+    assert hdp.budget(at(1875), 2)["passed"] and hdp.budget(at(950), 2)["passed"]
+    assert not hdp.budget(at(900), 2)["passed"]  # below half the paper's 18.75 tokens per parameter
+
+
+def test_the_pretrained_backbone_study_runs_the_budgets_it_states():
+    """configs/hd-cpt-xs.yaml as written: each seed's backbone pretrained to 20 tokens per non-embedding parameter
+    of xs (the pretrain cell's own count), the continued pretraining at the paper's n = 4 tokens per parameter over
+    the same count (within a step), at least five seeds, every arm from the open start with token positions and
+    the backbone's table on the predicting stream, the FLOP controls capped at four passes, and the setup premises'
+    bounds fixed; the plan's budget premise holds at those tokens."""
+    from scalelab.config import load_params
+    from scalelab.hidden_decoding import premises as hdp
+
+    params = load_params(ROOT / "configs/hd-cpt-xs.yaml")
+    size = params.pretrain.grid.sizes
+    assert size == ["xs"] and params.pretrain.grid.variants == ["standard"]
+    n_params = Transformer(params.resolve_model("xs", "standard", vocab_size=2048, recipe="base")).num_params(
+        non_embedding=True)
+    pre = params.pretrain
+    assert pre.total_steps() * pre.batch_size * pre.seq_len == pytest.approx(20 * n_params, abs=pre.batch_size * pre.seq_len)
+    hdc = params.hidden_decoding
+    step_tokens = hdc.train.batch_size * hdc.train.seq_len
+    cpt = hdc.train.max_steps * step_tokens
+    assert cpt == pytest.approx(hdp.paper_tokens_per_param(4) * n_params, abs=step_tokens)
+    assert (hdc.train.seq_len, hdc.train.batch_size) == (pre.seq_len, pre.batch_size)
+    assert len(hdc.seeds) >= 5 and hdc.seeds == pre.grid.seeds and hdc.source.per_seed == "standard-xs-base"
+    arms = {(c.n_streams, c.attention, c.flops_of.n_streams if c.flops_of else None)
+            for c in map(hdc.cells.get, hdc.grid)}
+    assert arms == {(1, "sfa", None), (2, "sfa", None), (4, "sfa", None), (4, "full", None), (1, "sfa", 2),
+                    (1, "sfa", 4)}
+    for name in hdc.grid:
+        m, c = hdc.model(name), hdc.cells[name]
+        assert m.start == "open" and m.position_kind("mixing") == m.position_kind("within") == "token"
+        assert m.n_streams == 1 or m.predictor_table == "backbone"
+        assert c.flops_of is None or c.max_passes == 4
+    b = hdc.claims
+    assert (b.start_gap, b.budget_factor, b.backbone_plateau, b.sfa_fraction) == (0.005, 2, 0.1, 0.8)
+    reg = hdp.regime(4, params=None, non_embedding_params=n_params, tokens=cpt, steps=hdc.train.max_steps,
+                     probe=False, per_non_embedding=True, scope="paper")
+    assert hdp.budget(reg, b.budget_factor)["passed"] and reg["ratio"] == pytest.approx(1.0, abs=1e-3)

@@ -4,6 +4,8 @@
       source: {cell: standard-m-base-0}        # or {path: <HF Llama/Qwen3 folder or hub id>}, or {init: {...}}: a
                                                # random Llama of that shape (a probe trained from scratch)
       source_dep: data/pretrain/standard-m-base-0/model/hf   # what DVC tracks for `source` (checked to match)
+                                               # or {per_seed: standard-xs-base}: seed s continues pretrain cell
+                                               # standard-xs-base-s (source_dep: data/pretrain, every seed's folder)
       positions: per_layer                     # RoPE position of (i, s): i in within-stream layers, n·i+s in mixing
       mixing_layers: null                      # null: every k-th layer counted back from the last (k = 2..4)
       local_layers: []                         # cross-stream layers over a window of local_window tokens
@@ -66,6 +68,11 @@ class HiddenDecodingModelConfig(StreamsConfig):
     local_window: PosInt = 4  # tokens (all their streams) a local layer's query reads, its own included
     embed_noise: NonNegFloat = 0.1  # std of the noise added to the copies E_2..E_n at init (relative to E's std)
     aux_loss_weight: NonNegFloat = 0.0  # weight of the mean CE on streams 1..n-1 (off: only (i, n) predicts)
+    # Which stream reads the backbone's own table E (the others read its noisy copies): "copy", stream 1 (the
+    # predicting stream n reads a copy), or "backbone", stream n. The sources say only that every table starts as E;
+    # with "backbone" and token positions the open start perturbs the backbone's function only through what its
+    # mixing layers read from the hidden streams (a gated start always reads E from stream n).
+    predictor_table: Literal["copy", "backbone"] = "copy"
 
     @model_validator(mode="after")
     def _gated_start(self) -> "HiddenDecodingModelConfig":
@@ -149,11 +156,15 @@ class CellConfig(StreamsConfig):
     hints: bool = False
     positions: Positions | None = None
     embed_noise: NonNegFloat | None = None
+    predictor_table: Literal["copy", "backbone"] = "copy"  # HiddenDecodingModelConfig's, for this cell
     forward_only: bool = False
     table_warmup: NonNegInt = 0
     table_lr: PosFloat | None = None
     gate_lr: PosFloat | None = None
     backbone_steps: NonNegInt = 0
+    # a `flops_of` control's tokens capped at this many passes over the training stream: past a few passes repeated
+    # tokens are worth less than new ones, so extra FLOPs spent as more epochs stop being a like-for-like control
+    max_passes: PosFloat | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "CellConfig":
@@ -177,6 +188,9 @@ class CellConfig(StreamsConfig):
             raise ValueError(f"table_warmup {self.table_warmup} with n_streams 1: one stream adds no table to warm up")
         if (self.table_lr or self.gate_lr) and self.n_streams == 1:
             raise ValueError("table_lr/gate_lr with n_streams 1: one stream adds no table or gate to train at them")
+        if self.max_passes is not None and self.flops_of is None:
+            raise ValueError(f"max_passes {self.max_passes} without flops_of: only a FLOP-matched control's budget "
+                             "is capped (the base budget is the section's)")
         if self.gate_lr and self.start != "gated":
             raise ValueError(f"gate_lr {self.gate_lr} with start {self.start!r}: only a gated start has gates")
         return self
@@ -242,8 +256,18 @@ class HDTrainConfig(Strict):
 
 
 class HDClaimsConfig(Strict):
+    """The claims' fraction and level, and the bounds of a continued pretraining's setup premises, fixed in the
+    profile before its cells run (scalelab.hidden_decoding.premises; None: that premise is not part of the study):
+    `start_gap`, the largest |loss(n) − loss(n = 1)| at step 0 in any seed for a start that preserves the backbone's
+    function; `budget_factor`, the tokens per parameter of the continued pretraining at least the paper's over this
+    factor (the claims are then about the paper's regime); `backbone_plateau`, the backbone's own pretraining counts
+    as trained when the last quarter of its tokens gave less than this fraction of its validation-loss drop."""
+
     sfa_fraction: Fraction = 0.8  # "SFA keeps this fraction of full attention's gain over n = 1 at equal n"
     level: Fraction = 0.95  # of the t interval behind every verdict
+    start_gap: PosFloat | None = None
+    budget_factor: PosFloat | None = None
+    backbone_plateau: Fraction | None = None
 
 
 class BackboneShape(Strict):
@@ -266,6 +290,31 @@ class BackboneShape(Strict):
 
 # What DVC tracks for a random backbone: the code that draws it (its shape is in the tracked params).
 INIT_DEP = "src/scalelab/hidden_decoding/io.py"
+# What DVC tracks for a backbone per seed: the folder of every pretrain cell (CELL_EXPORT's), one dependency that
+# covers each seed's export, since a dvc.yaml dependency cannot name a folder per matrix seed from the params.
+PER_SEED_DEP = "data/pretrain"
+
+
+class SeededSource(Strict):
+    """One pipeline-pretrained backbone per seed: seed s continues the pretrain cell `<per_seed>-<s>` (e.g. per_seed
+    standard-xs-base: standard-xs-base-0, -1, ...) through its Hugging Face export, so the seeds replicate the
+    backbone's pretraining as well as its continuation. The stage resolves it per seed
+    (HiddenDecodingConfig.for_seed) before anything reads it."""
+
+    per_seed: str
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @model_validator(mode="after")
+    def _check(self) -> "SeededSource":
+        if not NAME.match(self.per_seed):
+            raise ValueError(f"hidden_decoding.source.per_seed {self.per_seed!r}: only letters, digits, '_', '.', '-'")
+        return self
+
+    def of(self, seed: int) -> ModelSource:
+        return ModelSource(cell=f"{self.per_seed}-{seed}", dtype=self.dtype)
+
+    def location(self) -> str:
+        return f"{PER_SEED_DEP}/{self.per_seed}-<seed>/model/hf"
 
 
 class RandomSource(Strict):
@@ -279,7 +328,7 @@ class RandomSource(Strict):
 
 
 class HiddenDecodingConfig(Strict):
-    source: ModelSource | RandomSource = ModelSource(cell="standard-m-base-0")
+    source: ModelSource | RandomSource | SeededSource = ModelSource(cell="standard-m-base-0")
     # dvc.yaml cannot branch on cell/path, so the folder DVC tracks is spelled out; must be source's own folder.
     source_dep: str = "data/pretrain/standard-m-base-0/model/hf"
     positions: Positions = "per_layer"
@@ -296,7 +345,11 @@ class HiddenDecodingConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "HiddenDecodingConfig":
-        if self.random_init():
+        if isinstance(self.source, SeededSource):
+            if Path(self.source_dep) != Path(PER_SEED_DEP):
+                raise ValueError(f"hidden_decoding.source_dep {self.source_dep!r} with a backbone per seed: the "
+                                 f"folder of every seed's export, {PER_SEED_DEP!r} (the dependency DVC tracks)")
+        elif self.random_init():
             if self.source_dep != INIT_DEP:
                 raise ValueError(f"hidden_decoding.source_dep {self.source_dep!r}: a random backbone's is the code "
                                  f"that draws it, {INIT_DEP!r} (the dependency DVC tracks)")
@@ -334,8 +387,16 @@ class HiddenDecodingConfig(Strict):
 
     def uses_text(self) -> bool:
         """Whether cells train on the prepared corpus in the backbone's own tokens (see `corpus`)."""
-        return self.train.corpus == "text" or (self.train.corpus == "auto" and not self.random_init()
+        return self.train.corpus == "text" or (self.train.corpus == "auto" and isinstance(self.source, ModelSource)
                                                and self.source.cell is None)
+
+    def for_seed(self, seed: int) -> "HiddenDecodingConfig":
+        """The section as seed `seed`'s cells run it: with a backbone per seed its source is that seed's pretrain
+        cell and source_dep that cell's export; otherwise the section itself."""
+        if not isinstance(self.source, SeededSource):
+            return self
+        source = self.source.of(seed)
+        return self.model_copy(update={"source": source, "source_dep": source.location()})
 
     def random_init(self) -> bool:
         """Whether the backbone is a random one drawn per seed (`source: {init: ...}`)."""
@@ -351,4 +412,5 @@ class HiddenDecodingConfig(Strict):
                                          mixing_layers=self.mixing_layers, local_layers=self.local_layers,
                                          local_window=self.local_window,
                                          embed_noise=self.embed_noise if c.embed_noise is None else c.embed_noise,
-                                         aux_loss_weight=self.aux_loss_weight)
+                                         aux_loss_weight=self.aux_loss_weight,
+                                         predictor_table=c.predictor_table)

@@ -11,7 +11,10 @@ Roles of the grid's cells, read from their params (hidden_decoding.cells):
 Every comparison is paired by seed: cells of one seed continue the same backbone on the same batches.
 
 Every entry carries its regime and measured premises (`Setting`, scalelab.hidden_decoding.premises): on a probe, room
-to show the effect and a positive control; in a continued pretraining, each n > 1 cell's recovery of its step-0 gap.
+to show the effect and a positive control; in a continued pretraining, the setup premises its profile bounds (the
+backbone trained, the start preserving its function, the budget near the paper's; hidden_decoding.claims), and each
+n > 1 cell's recovery of its step-0 gap and the check that its mixing acts.
+The equal-FLOPs comparisons are reported beside the paper's claims: the paper compares at equal tokens only.
 Claims that can fail on top of that, each testable only where the effect it is measured against is there:
     SFA keeps ≥ `sfa_fraction` of full attention's gain at equal n: gain_SFA − f·gain_full > 0 per seed; premise:
         full attention's own gain at that n is reproduced.
@@ -34,6 +37,8 @@ from scalelab.config import HiddenDecodingConfig
 PUBLISHED = ("Sequential Hidden Decoding (Qwen3-8B, n = 2/4/8): BBH 78.8 → 81.3/83.0/83.9, "
              "HellaSwag 79.7 → 83.1/85.0/85.3")
 PUBLISHED_SFA = "Hidden Decoding (WeLM-HD4): SFA in place of full attention at n = 4 (numbers not public here)"
+PUBLISHED_FLOPS = ("none: Hidden Decoding compares n streams with n = 1 at equal tokens; n = 1 given the same "
+                   "training FLOPs is reported beside it")
 
 # Smallest effects of interest of Hidden Decoding's claims (scalelab.ledger.claims rule 4), declared 2026-12-06,
 # after every committed Hidden Decoding study's cells ran (post hoc for each); no reason rests on any study's results.
@@ -133,33 +138,56 @@ class Setting:
     probe: list[dict] | None = None
 
     def regime(self, n: int) -> dict:
-        """The regime of a claim about n streams: the backbone's size, the base budget's tokens and steps."""
+        """The regime of a claim about n streams: the backbone's size, the base budget's tokens and steps; over a
+        pipeline-pretrained backbone (its own run recorded, `backbone_run`) tokens per non-embedding parameter by
+        its own count, and the paper's scope where the study bounds its budget (claims.budget_factor)."""
         r = roles(self.hd)
         one = self._first(r["base"].get(1)) or {}
         base = self._first(r["base"].get(n)) or one
         params = one.get("params")
         table = self._table_params(r)
-        return hdp.regime(n, params=params, non_embedding_params=params - table if params and table else None,
-                          tokens=base.get("tokens"), steps=base.get("steps"), probe=self.probe is not None)
+        non_embedding = params - table if params and table else None
+        own = one.get("backbone_run") or {}
+        if own.get("non_embedding_params"):
+            non_embedding = own["non_embedding_params"]
+        scope = "paper" if self.hd.claims.budget_factor is not None and self.probe is None else "small-scale"
+        return hdp.regime(n, params=params, non_embedding_params=non_embedding, tokens=base.get("tokens"),
+                          steps=base.get("steps"), probe=self.probe is not None,
+                          per_non_embedding=bool(own.get("non_embedding_params")), scope=scope)
 
     def premises(self, kind: str, treated: Sequence[tuple[str, int]]) -> list[dict]:
         """The premises of a claim of `kind` ("gain", "grows", "full", "sfa", "tables") about the cells `treated`
-        ((role, n) pairs): the probe's, or each treated n > 1 cell's recovery; separate tables' divergence."""
+        ((role, n) pairs): the probe's; or, in a continued pretraining, the setup premises its profile bounds
+        (backbone trained, budget, each treated cell's start) and each treated n > 1 cell's recovery and acting
+        mixing; separate tables' divergence."""
         r = roles(self.hd)
-        cells = [r[role][n] for role, n in treated if n > 1 and n in r[role]]
+        cells = list(dict.fromkeys(r[role][n] for role, n in treated if n > 1 and n in r[role]))
         if self.probe is not None:
             out = list(self.probe)
         else:
+            out, bounds, level = [], self.hd.claims, self.hd.claims.level
             base1 = r["base"].get(1)
             curves = self.curves or {}
-            out = [hdp.recovered(c, hdp.gap_curve(curves.get(c, {}), curves.get(base1, {})) if base1 else [])
-                   for c in dict.fromkeys(cells)]
-        out += [hdp.gate_opened(c, list(self.cells.get(c, {}).values())) for c in dict.fromkeys(cells)
-                if self.hd.cells[c].start == "gated"]
+            if bounds.backbone_plateau is not None:
+                out.append(hdp.backbone_trained(list(self.cells.get(base1, {}).values()), bounds.backbone_plateau))
+            if bounds.budget_factor is not None:
+                out.append(hdp.budget(self.regime(max(n for _, n in treated)), bounds.budget_factor))
+            for c in cells:
+                if bounds.start_gap is not None:
+                    out.append(hdp.start_preserved(c, self.start_gaps(c, base1), bounds.start_gap))
+                out.append(hdp.recovered(c, hdp.gap_curve(curves.get(c, {}), curves.get(base1, {}))
+                                         if base1 else []))
+                out.append(hdp.mixing_acts(c, list(self.cells.get(c, {}).values()), level))
         if kind == "tables":
             sep = [r["base"][n] for role, n in treated if role == "base" and n in r["base"]]
             out.append(hdp.tables_diverged(list(self.cells.get(sep[0], {}).values()) if sep else []))
         return out
+
+    def start_gaps(self, cell: str, base1: str | None) -> list[float]:
+        """Per seed, `cell`'s step-0 validation loss minus n = 1's (the backbone's), on the same windows."""
+        one = self.cells.get(base1, {}) if base1 else {}
+        return [m["val_loss_start"] - one[s]["val_loss_start"] for s, m in sorted(self.cells.get(cell, {}).items())
+                if m.get("val_loss_start") is not None and one.get(s, {}).get("val_loss_start") is not None]
 
     def _first(self, cell: str | None) -> dict | None:
         by_seed = self.cells.get(cell) if cell else None
@@ -193,15 +221,16 @@ def claims(cmp: dict[str, dict[int, list[float]]], setting: Setting, sfa_fractio
 
     for key, where in (("gain_tokens", "equal tokens"), ("gain_flops", "equal FLOPs")):
         gains, tag = cmp[key], key.split("_")[1]
+        published = PUBLISHED if tag == "tokens" else PUBLISHED_FLOPS
         for n in sorted(gains):
             out.append(entry(f"C.gain.{tag}.n{n}", f"n = {n} lowers last-stream val loss vs n = 1 at {where}",
-                             "val_loss(n=1) − val_loss(n)", gains[n], PUBLISHED, n, "gain", [("base", n)]))
+                             "val_loss(n=1) − val_loss(n)", gains[n], published, n, "gain", [("base", n)]))
         ns = sorted(gains)
         for lo, hi in zip(ns, ns[1:]):
             grow = [b - a for a, b in zip(gains[lo], gains[hi])]
             ref = hdp.shown(f"gain at n = {lo}", gains[lo], level, f"n = {lo} gains over n = 1 at {where}")
             out.append(entry(f"C.grows.{tag}.n{lo}-n{hi}", f"the gain grows with n at {where}: n = {hi} beats n = {lo}",
-                             f"gain(n={hi}) − gain(n={lo})", grow, PUBLISHED, hi, "grows",
+                             f"gain(n={hi}) − gain(n={lo})", grow, published, hi, "grows",
                              [("base", lo), ("base", hi)], [ref]))
     for n, gains in sorted(cmp.get("gain_warm", {}).items()):
         out.append(entry(f"C.gain.warm.n{n}", f"n = {n} after a table-only warm-up lowers val loss vs n = 1 at equal "

@@ -29,6 +29,9 @@ implementation serves both scalelab and Hugging Face backbones.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -143,16 +146,40 @@ class HiddenDecodingLM(nn.Module):
         with torch.no_grad():
             for table in self.extra_embeds:
                 table.weight.copy_(e1 + cfg.embed_noise * e1.float().std() * torch.randn_like(e1))
+        self._mixing_off = False  # set by mixing_off()
+
+    @contextmanager
+    def mixing_off(self) -> Iterator[None]:
+        """The model with its cross-stream mixing switched off (the premise that the mixing acts compares the trained
+        model's loss with and without it): in every mixing layer the last stream's query reads stream n alone, its
+        own causal attention (hidden_decoding_gate's o_own, the gate held at α = 0), so the prediction never reads
+        the hidden streams and every weight stays as trained. With token positions and the backbone's table on the
+        predicting stream (`predictor_table: backbone`) that is the backbone's forward on the trained weights."""
+        if self.local_layers:
+            raise ValueError("mixing_off: local cross-stream layers have no own-stream path (set local_layers [])")
+        if self.n == 1 or self._mixing_off:
+            yield
+            return
+        impl = self.backbone.config._attn_implementation
+        self.backbone.set_attn_implementation(hidden_decoding_gate.ATTENTION)
+        self._mixing_off = True
+        try:
+            yield
+        finally:
+            self._mixing_off = False
+            self.backbone.set_attn_implementation(impl)
 
     # ---------------------------------------------------------------- layout
     def embeddings(self) -> list[nn.Embedding]:
-        """The table of each stream: E_1..E_n (E_1 n times under tied tables). Under the gated start the last stream,
-        the one that predicts, reads the backbone's own E_1 and the hidden streams the copies, so that at step 0 it
-        is the backbone whatever the copies' noise."""
+        """The table of each stream: E_1..E_n (E_1 n times under tied tables). Under the gated start, or with
+        `predictor_table: backbone`, the last stream, the one that predicts, reads the backbone's own E_1 and the
+        hidden streams the copies, so that at step 0 it reads its token as the backbone does whatever the copies'
+        noise (under the gate it is then the backbone exactly)."""
         e1 = self.backbone.get_input_embeddings()
         if self.cfg.tables != "separate":
             return [e1] * self.n
-        return [*self.extra_embeds, e1] if self.gated else [e1, *self.extra_embeds]
+        last = self.gated or self.cfg.predictor_table == "backbone"
+        return [*self.extra_embeds, e1] if last else [e1, *self.extra_embeds]
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """[B, T] token ids → [B, n, T, d]: stream s reads table E_s."""
@@ -201,6 +228,8 @@ class HiddenDecodingLM(nn.Module):
                 masks[kind] = allowed[None, None]
         window = {"hd_window": (n, w)} if masks["local"] is None else {}
         gate = dict(zip(sorted(self.mixing_layers), self.mix_gates))
+        if self._mixing_off:  # every mixing layer's last stream on its own-stream attention alone (α = 0)
+            gate = {i: h.new_zeros(1) for i in self.mixing_layers}
         layout = "stream"  # h is [B, n, T, d] (stream-major); "token": [B, T, n, d] (token-major)
         for i, layer in enumerate(self.backbone.model.layers):
             kind = self.layer_kind(i)

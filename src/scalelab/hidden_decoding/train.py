@@ -20,6 +20,7 @@ window, so a start's gap is read paired by window.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import statistics
@@ -57,18 +58,53 @@ if TYPE_CHECKING:
     from scalelab.tracking import StageRun
 
 
-def cell_steps(hd: HiddenDecodingConfig, cell: str, backbone_config) -> int:
-    """Optimizer steps of `cell`: the base budget, the FLOP-matched one for a `flops_of` control, or 0 for a
-    `forward_only` cell."""
+def cell_steps(hd: HiddenDecodingConfig, cell: str, backbone_config, train_tokens: int | None = None) -> int:
+    """Optimizer steps of `cell`: the base budget, the FLOP-matched one for a `flops_of` control (capped at
+    `max_passes` passes over the `train_tokens` of the training stream), or 0 for a `forward_only` cell."""
     c, base = hd.cells[cell], hd.train.max_steps
     if c.forward_only:
         return 0
     if c.flops_of is None:
         return base
     target = hd.model(cell).model_copy(update=c.flops_of.model_dump())
-    seq_len = probe.cell_train(hd, cell).seq_len
-    ratio = (flops_per_token(backbone_config, target, seq_len) / flops_per_token(backbone_config, hd.model(cell), seq_len))
-    return max(1, round(base * ratio))
+    tc = probe.cell_train(hd, cell)
+    ratio = (flops_per_token(backbone_config, target, tc.seq_len)
+             / flops_per_token(backbone_config, hd.model(cell), tc.seq_len))
+    steps = max(1, round(base * ratio))
+    if c.max_passes is None:
+        return steps
+    if train_tokens is None:
+        raise ValueError(f"cell {cell}: max_passes needs the training stream's length")
+    return min(steps, max(1, int(c.max_passes * train_tokens) // (tc.batch_size * tc.seq_len)))
+
+
+# A continued pretraining of a pipeline-pretrained backbone draws its windows from another stream than its backbone's
+# pretraining: train_batch is a pure function of (seed, step), so on the same seed, batch and window length the first
+# steps would replay the backbone's first batches in their order.
+CPT_STREAM = 1 << 20
+
+
+def stream_seed(hd: HiddenDecodingConfig, seed: int) -> int:
+    """The seed of the cell's training windows: `seed`, offset by CPT_STREAM for a pretrain cell's backbone."""
+    return seed + CPT_STREAM if getattr(hd.source, "cell", None) is not None else seed
+
+
+def backbone_run(hd: HiddenDecodingConfig) -> dict | None:
+    """What the backbone's own pretraining recorded beside its export (a pretrain cell's model/metrics.json and
+    curve.csv): its cell, tokens, non-embedding parameters and validation curve [(tokens, val_loss)], read by the
+    premise that it was trained (scalelab.hidden_decoding.premises.backbone_trained); None for any other source."""
+    if getattr(hd.source, "cell", None) is None:
+        return None
+    folder = Path(hd.source.location()).parent
+    metrics, curve = folder / "metrics.json", folder / "curve.csv"
+    if not metrics.is_file() or not curve.is_file():
+        return None
+    m = json.loads(metrics.read_text())
+    with open(curve) as f:
+        points = [[float(r["tokens"]), float(r["val_loss"])] for r in csv.DictReader(f) if r.get("val_loss")]
+    return {"cell": hd.source.cell, "tokens": m.get("tokens"), "params": m.get("params"),
+            "non_embedding_params": m.get("non_embedding_params"), "val_loss": m.get("val_loss"),
+            "val_curve": points}
 
 
 def cell_backbone_config(hd: HiddenDecodingConfig, cell: str):
@@ -219,7 +255,7 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
     # Data checks before the checkpoint folder is claimed: a run that fails them leaves it as it was.
     check_vocab(model, shards.vocab_size, tokenizer if not hd.uses_text() else None)
     check_windows(len(shards.train), len(shards.val), seq_len=tc.seq_len, val_tokens=tc.val_tokens)
-    total = cell_steps(hd, cell, model.backbone.config)
+    total = cell_steps(hd, cell, model.backbone.config, len(shards.train))
     tokens_per_step, fpt = tc.batch_size * tc.seq_len, model.flops_per_token(tc.seq_len)
     facts = {"n_streams": cfg.n_streams, "attention": cfg.attention, "mixing_layers": sorted(model.mixing_layers),
              "local_layers": sorted(model.local_layers), "flops_per_token": fpt, "params": model.num_params()}
@@ -227,7 +263,7 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
         return _forward_only(model, shards, tc, out_dir, plot, facts | (
             probe.answer_metrics(model, task, shards, tc) if task else {}), start_time)
     module = (TokenDataModule if task is None else partial(probe.BlockDataModule, task))
-    datamodule = module(shards, tc.model_copy(update={"max_steps": total}), seed)
+    datamodule = module(shards, tc.model_copy(update={"max_steps": total}), stream_seed(hd, seed))
     chash = config_hash(hd, cell, seed, total, corpus)
     resume = claim_ckpt_dir(out_dir / "ckpt", chash, run.run_id if run is not None else None, tc.keep_stale)
     peak = (tc.peak_flops or peak_flops(PRECISION_DTYPE[tc.precision], device)) * tc.devices
@@ -244,6 +280,7 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
                  after_curve=warmup)
 
     curve, times = loop.curve, loop.throughput.times
+    mixing = mixing_check(lit, model, datamodule.val_share()) if cfg.n_streams > 1 and not model.local_layers else {}
     step_time = statistics.median(times) if times else None
     trained = [r[2] for r in curve.rows[-10:] if r[2] is not None]
     metrics = {
@@ -253,7 +290,8 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
         "steps": lit.step, "tokens": lit.step * tokens_per_step, "flops": fpt * lit.step * tokens_per_step,
         "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time if step_time else None,
         "peak_mem_mb": peak_mem_mb(device), "table_spread_start": spread_start, "table_spread": table_spread(model),
-        "gate_mean": gate_mean(model),
+        "gate_mean": gate_mean(model), **mixing,
+        "passes": lit.step * tokens_per_step / len(shards.train), "backbone_run": backbone_run(hd),
         **(probe.answer_metrics(model, task, shards, tc) if task is not None else {}),
         "wall_s": time.perf_counter() - start_time,
     }
@@ -262,6 +300,15 @@ def fit_cell(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path
         plot.parent.mkdir(parents=True, exist_ok=True)
         curve.write_csv(plot)
     return metrics
+
+
+def mixing_check(lit: LitLM, model: HiddenDecodingLM, batches) -> dict:
+    """The trained model's validation loss with its cross-stream mixing on and switched off (HiddenDecodingLM.
+    mixing_off), on the same windows: the premise that the mixing acts reads their difference per seed."""
+    on = lit.evaluate(batches)
+    with model.mixing_off():
+        off = lit.evaluate(batches)
+    return {"val_loss_mixing_on": on, "val_loss_mixing_off": off}
 
 
 def _forward_only(model: HiddenDecodingLM, shards: Shards, tc, out_dir: Path, plot: Path | None, facts: dict,
@@ -292,5 +339,5 @@ def _forward_only(model: HiddenDecodingLM, shards: Shards, tc, out_dir: Path, pl
 def resume_run_id(hd: HiddenDecodingConfig, cell: str, seed: int, out_dir: str | Path, corpus: Corpus,
                   backbone_config) -> str | None:
     """The MLflow run to reopen: that of a resumable checkpoint of this cell under the same config hash."""
-    chash = config_hash(hd, cell, seed, cell_steps(hd, cell, backbone_config), corpus)
+    chash = config_hash(hd, cell, seed, cell_steps(hd, cell, backbone_config, len(corpus.shards.train)), corpus)
     return stored_run_id(out_dir, chash)
