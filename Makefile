@@ -54,6 +54,8 @@ repro: setup
 report: setup
 	$(BIN)/scalelab report $(if $(WORKERS),--workers $(WORKERS))
 
+# The whole suite, as CI runs it; its summary (tests/conftest.py) gives the seconds per test file and the slowest
+# setups and calls, so a slower suite shows where. The fast subset while developing: docs/workflow.md.
 test: $(DEV_STAMP)
 	$(BIN)/python -m pytest
 

@@ -149,12 +149,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 FILE_SECONDS: dict[str, float] = {}
+# (seconds, test) of every setup and every call: the slowest of each printed beside the per-file table, so a fixture
+# that grew (a shared build, a server) is told apart from a test body that did
+PHASE_SECONDS: dict[str, list[tuple[float, str]]] = {"setup": [], "call": []}
+SLOWEST = 5
 
 
 def pytest_runtest_logreport(report):
     """Each test file's seconds (setup, call and teardown of its tests), gathered where the reports arrive (xdist's
     controller): the per-file table below, which LONGEST_FIRST is ordered by."""
     FILE_SECONDS[report.nodeid.split("::")[0]] = FILE_SECONDS.get(report.nodeid.split("::")[0], 0.0) + report.duration
+    if report.when in PHASE_SECONDS:
+        PHASE_SECONDS[report.when].append((report.duration, report.nodeid))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -165,6 +171,10 @@ def pytest_terminal_summary(terminalreporter):
     for path, seconds in sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1]):
         if seconds >= 0.01 * total:
             terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+    for when, rows in PHASE_SECONDS.items():
+        terminalreporter.write_sep("-", f"the {SLOWEST} slowest {when}s")
+        for seconds, nodeid in sorted(rows, reverse=True)[:SLOWEST]:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {nodeid}")
 
 
 @pytest.fixture(autouse=True, scope="session")
