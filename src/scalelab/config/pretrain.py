@@ -44,7 +44,9 @@ class PretrainConfig(Strict):
     seq_len: PosInt = 128
     batch_size: PosInt = 16  # global batch in sequences (per step, across devices and accumulation)
     max_steps: PosInt | None = 200
-    max_tokens: PosInt | None = None  # alternative budget; steps = tokens // (batch_size·seq_len)
+    # alternative budget; steps = tokens // (batch_size·seq_len). A mapping gives each model size its own (a budget in
+    # tokens per parameter differs by size): `for_size` resolves it for one cell
+    max_tokens: PosInt | dict[Name, PosInt] | None = None
     val_every: PosInt = 100
     val_tokens: PosInt = 32768
     ckpt_every: PosInt = 100
@@ -97,9 +99,19 @@ class PretrainConfig(Strict):
                              f"(seq_len {self.seq_len})")
         return self
 
+    def for_size(self, size: str) -> "PretrainConfig":
+        """This section as one cell of `size` trains it: a per-size `max_tokens` resolved to that size's budget."""
+        if not isinstance(self.max_tokens, dict):
+            return self
+        if size not in self.max_tokens:
+            raise ValueError(f"pretrain.max_tokens: no budget for size {size!r} (sizes: {sorted(self.max_tokens)})")
+        return self.model_copy(update={"max_tokens": self.max_tokens[size]})
+
     def total_steps(self) -> int:
         if self.max_steps is not None:
             return self.max_steps
+        if isinstance(self.max_tokens, dict):
+            raise ValueError("pretrain.max_tokens is per size: take the steps of for_size(size)")
         return max(1, self.max_tokens // (self.batch_size * self.seq_len))
 
 
@@ -110,6 +122,9 @@ class ScalingConfig(Strict):
     alpha_bounds: tuple[PosFloat, PosFloat] = (0.02, 2.0)  # α at either bound: "not identified"
     bootstrap: PosInt = 400  # resamples of the seeds for the fits' α intervals (fits.csv)
     level: Annotated[float, Field(gt=0, lt=1)] = 0.95  # of every interval (claims and fits)
+    # γ moved (a decay claim's premise): the decayed γ's mean shrank by more than this from its init 1; a study's spec
+    # fixes it before its cells run (scalelab.scale_vectors.premises.GAMMA_MOVES, the same 5%, for the older studies)
+    gamma_moves: PosFloat = 0.05
 
     @model_validator(mode="after")
     def _check(self) -> "ScalingConfig":

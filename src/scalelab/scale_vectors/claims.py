@@ -157,19 +157,22 @@ def sharpness_claim(cells: Cells, params: Params, recipe: str, level: float) -> 
                   smallest_effect=SHARPNESS_SESOI)]
 
 
-def scaling_claim(cells: pl.DataFrame, fits: dict[str, Fit], params: Params) -> list[dict]:
+def scaling_claim(cells: pl.DataFrame, fits: dict[str, Fit], params: Params, recipe: str = "base", *,
+                  regime: dict | None = None, premises: list[dict] | None = None,
+                  smallest_effect: claims.Sesoi = ALPHA_SESOI) -> list[dict]:
     """unified scales better than standard: α(unified) − α(standard) of each seed's own fits, paired by seed and
     decided by the t rule of every other claim. Each seed's curve has all the sizes, so its fit has the mean fit's
     dof; one seed whose fit is not identified blocks the claim (its α is wherever the search stopped). A percentile
     bootstrap of the mean curve's α was used first: with 3 seeds it has 10 distinct resamples, its interval spans
-    the single seeds' extremes asymmetrically and it took α from resamples at a bound."""
+    the single seeds' extremes asymmetrically and it took α from resamples at a bound. `recipe`: whose cells; a study
+    whose budget the params do not give as one (a budget per size) passes its `regime` and its `premises`."""
     if "unified" not in fits or "standard" not in fits:
         return []
     cfg = params.scaling
     fu, fs = fits["unified"], fits["standard"]
-    seeds = sorted(set(seed_matrix(cells, "base", "standard")[2]) & set(seed_matrix(cells, "base", "unified")[2]))
-    n_s, loss_s, _ = seed_matrix(cells, "base", "standard", seeds)  # the seeds both have, in one order
-    n_u, loss_u, _ = seed_matrix(cells, "base", "unified", seeds)
+    seeds = sorted(set(seed_matrix(cells, recipe, "standard")[2]) & set(seed_matrix(cells, recipe, "unified")[2]))
+    n_s, loss_s, _ = seed_matrix(cells, recipe, "standard", seeds)  # the seeds both have, in one order
+    n_u, loss_u, _ = seed_matrix(cells, recipe, "unified", seeds)
     problems = [f"{v} fit not identified: {f.reason}" for v, f in (("standard", fs), ("unified", fu))
                 if not f.identified]
     diffs = []
@@ -190,12 +193,13 @@ def scaling_claim(cells: pl.DataFrame, fits: dict[str, Fit], params: Params) -> 
             "seeds (zero spread: a degenerate t interval) inconclusive")
     effect = float(np.mean(diffs)) if interval else fu.law.alpha - fs.law.alpha
     index = Cells(cells)
-    sizes = index.axes("base")[1]
-    return [interval_claim("base.alpha_unified", "base: unified scales better than standard (larger α)",
+    sizes = index.axes(recipe)[1]
+    return [interval_claim(f"{recipe}.alpha_unified", f"{recipe}: unified scales better than standard (larger α)",
                            f"α of L(N) = E + A·N^-α (non-embedding N), fits over {fu.n_sizes} sizes",
                            effect, interval, len(seeds), rule, PUB_SCALING, "; ".join(problems) or None,
-                           regime=index.regime(params, "base", ("standard", "unified"), sizes),
-                           premises=[index.left_init("base", "unified", sizes)], smallest_effect=ALPHA_SESOI)]
+                           regime=regime or index.regime(params, recipe, ("standard", "unified"), sizes),
+                           premises=[index.left_init(recipe, "unified", sizes), *(premises or [])],
+                           smallest_effect=smallest_effect)]
 
 
 def output_gammas(params: Params, recipe: str) -> str:

@@ -179,8 +179,10 @@ def pull_premise(pull: float, steps: int) -> dict:
                           "weight decay 0.1)")
 
 
-def moved_premise(diffs: list[float], level: float, what: str, note: str = "") -> dict:
-    """γ moved: the per-seed shrinkage of `what` (no decay on γ − decayed) has its t interval above GAMMA_MOVES."""
+def moved_premise(diffs: list[float], level: float, what: str, note: str = "",
+                  threshold: float = GAMMA_MOVES) -> dict:
+    """γ moved: the per-seed shrinkage of `what` (no decay on γ − decayed) has its t interval above `threshold`
+    (GAMMA_MOVES, or the one a study's spec fixes: params scaling.gamma_moves)."""
     ci = claims.t_interval(diffs, level) if diffs else None
     if not diffs:
         value = "not recorded"
@@ -188,9 +190,9 @@ def moved_premise(diffs: list[float], level: float, what: str, note: str = "") -
         value = f"{diffs[0]:.4f} (1 seed)"
     else:
         value = f"{ci[0]:.4f} [{ci[1]:.4f}, {ci[2]:.4f}]"
-    return claims.premise("γ moved", value + note, ci is not None and ci[1] > GAMMA_MOVES,
+    return claims.premise("γ moved", value + note, ci is not None and ci[1] > threshold,
                           f"paired shrinkage of {what} against no decay on γ, its {level:.0%} t interval above "
-                          f"{GAMMA_MOVES}")
+                          f"{threshold}")
 
 
 def final_norm_premise(scale: ScaleConfig, source: str, apart: list[float] | None = None,
@@ -211,7 +213,7 @@ def final_norm_premise(scale: ScaleConfig, source: str, apart: list[float] | Non
 
 
 def cells_moved_apart(cells: Cells, params: Params, recipe: str, treated: str, sizes: list[str],
-                      level: float) -> tuple[dict, list[float] | None] | None:
+                      level: float, threshold: float = GAMMA_MOVES) -> tuple[dict, list[float] | None] | None:
     """γ moved read on the decayed kinds' own means (the blocks' input γ, the output γ; their mean where both are
     decayed), and the final γ's per-seed shrinkage where it is decayed: for cells that record each kind's mean apart
     (train/callbacks.py kind_means). None where a paired cell lacks them (cells_moved then reads the mean of every γ)."""
@@ -230,7 +232,8 @@ def cells_moved_apart(cells: Cells, params: Params, recipe: str, treated: str, s
 
     what = " and ".join(f"the {k}-norm γ" for k in kinds)
     moved = moved_premise(cells.per_seed(recipe, decayed, sizes), level, f"the mean of {what}"
-                          + (" of the blocks (the final norm's apart)" if "input" in kinds else ""))
+                          + (" of the blocks (the final norm's apart)" if "input" in kinds else ""),
+                          threshold=threshold)
     final = (cells.per_seed(recipe, cells.paired(cells.kind_mean["final"], recipe, "standard", treated), sizes)
              if "input" in kinds else None)
     return moved, final

@@ -18,8 +18,10 @@ from scalelab.ledger.powerlaw import Fit, fit_seeds
 CELL_KEYS = ("variant", "size", "recipe", "seed")
 # each kind's mean γ apart (train/callbacks.py kind_means): null in cells written before they were recorded
 KIND_MEANS = ("gamma_input_mean", "gamma_output_mean", "gamma_final_mean")
+# tokens, steps and train_tokens (the training split's size, null in cells written before it was recorded): a cell's
+# own budget, for studies whose budget differs by size (scalelab.scale_vectors.paper_budget)
 VALUES = ("val_loss", "params", "non_embedding_params", "flops", "sharpness", "sharpness_iters", "sharpness_converged",
-          "gamma_mean", "gamma_std", *KIND_MEANS)
+          "gamma_mean", "gamma_std", *KIND_MEANS, "tokens", "steps", "train_tokens")
 
 
 def collect(metrics_dir: Path | dict[str, Path], cells: list[str] | None = None) -> pl.DataFrame:
@@ -51,7 +53,8 @@ def collect(metrics_dir: Path | dict[str, Path], cells: list[str] | None = None)
     schema = {"variant": pl.String, "size": pl.String, "recipe": pl.String, "seed": pl.Int64,
               "val_loss": pl.Float64, "params": pl.Int64, "non_embedding_params": pl.Int64, "flops": pl.Float64,
               "sharpness": pl.Float64, "sharpness_iters": pl.Int64, "sharpness_converged": pl.Boolean,
-              "gamma_mean": pl.Float64, "gamma_std": pl.Float64, **dict.fromkeys(KIND_MEANS, pl.Float64)}
+              "gamma_mean": pl.Float64, "gamma_std": pl.Float64, **dict.fromkeys(KIND_MEANS, pl.Float64),
+              "tokens": pl.Int64, "steps": pl.Int64, "train_tokens": pl.Int64}
     return pl.DataFrame(rows, schema=schema)
 
 

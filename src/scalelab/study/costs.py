@@ -52,7 +52,10 @@ class Rates:
         if not rates or not {"seq_len", "batch_size", "val_every", "val_tokens"} <= pre.keys():
             return None
         step_tokens = pre["batch_size"] * pre["seq_len"]
-        steps = pre.get("max_steps") or (pre.get("max_tokens") or 0) // step_tokens
+        budget = pre.get("max_tokens") or 0
+        if isinstance(budget, dict):  # a budget per size (config/pretrain.py)
+            budget = budget.get(size) or 0
+        steps = pre.get("max_steps") or budget // step_tokens
         if not steps:
             return None
         val_tokens = (steps // pre["val_every"] + (steps % pre["val_every"] > 0)) * pre["val_tokens"]

@@ -125,7 +125,7 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
     `callbacks` run after the training callbacks, before the checkpoint (tests inject faults through them).
     """
     start_time, start_cpu = time.perf_counter(), time.process_time()
-    pre, out_dir = params.pretrain, Path(out_dir)
+    pre, out_dir = params.pretrain.for_size(cell.size), Path(out_dir)  # a per-size token budget: this size's
     recipe = _recipe(params, cell)
     shards = open_shards(shards_dir)
     model_cfg = params.resolve_model(cell.size, cell.variant, vocab_size=shards.vocab_size, recipe=cell.recipe)
@@ -159,6 +159,7 @@ def fit(params: Params, cell: Cell, out_dir: str | Path, shards_dir: str | Path,
                  before_curve=[sharpness, gamma], after_curve=callbacks)
 
     metrics = {**_summary(lit, loop.throughput, loop.curve, sharpness, gamma, tokens_per_step),
+               "train_tokens": len(shards.train),  # the corpus a cell's tokens pass over (passes = tokens / this)
                "peak_mem_mb": peak_mem_mb(device), "wall_s": time.perf_counter() - start_time,
                "cpu_s": time.process_time() - start_cpu}  # all threads: with wall_s, how loaded the machine was
     write_model(loop, out_dir, lambda tmp: save_model(model, tmp), metrics, {"gamma.csv": gamma.write_csv})
