@@ -170,6 +170,17 @@ def test_the_ledger_decides_each_claim_at_each_size_with_both_counts_its_premise
     assert "not identified" in entries["tuned.alpha_unified"]["verdict"]
 
 
+def test_the_readmes_tables_show_each_claim_at_each_size_and_each_arms_sweep(tmp_path):
+    folder = _study(tmp_path)
+    table = pb.size_table(pb.paper_budget(folder)).splitlines()
+    assert table[0] == "| claim (δ) | xxs | xs | s |"
+    none = next(row for row in table if row.startswith("| no scale vectors"))
+    assert none.count("**reproduced**") == 3 and "(0.01)" in none
+    assert table[-1].startswith("| unified scales better") and "not identified" in table[-1]
+    sweep = pb.tuning_table(folder / "cells").splitlines()
+    assert len(sweep) == 2 + len(COUNTS) * len(pb.ARMS) and all(row.endswith("| lrx1 |") for row in sweep[2:])
+
+
 def test_an_effect_inside_the_smallest_effect_contradicts(tmp_path):
     entries = _by_id(pb.paper_budget(_study(tmp_path, gain={"placement": 0.0})))
     e = entries["tuned.placement_helps@xs"]
