@@ -37,7 +37,7 @@ def main(params: Params) -> None:
         layer_table = summary.layers_table({key: recs for key, recs in layers.items() if key[0] in own})
         by_method = summary.by_method(table)
         dense = table["ppl_dense"].mean()
-        entries = ledger.ledger(cells, layers, cfg)
+        entries = ledger.ledger(cells, layers, cfg, cfg.store)
         with atomic_dir(out) as tmp:
             table.write_csv(tmp / "cells.csv")
             by_method.write_csv(tmp / "summary.csv")

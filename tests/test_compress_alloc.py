@@ -235,7 +235,7 @@ def test_sigmascale_sens_and_svd_llm_sens_get_the_same_ranks_from_one_table(tmp_
 
     folder, rng = _hf_folder(tmp_path), np.random.default_rng(0)
     train, val = rng.integers(0, V, 4000).astype(np.uint16), rng.integers(0, V, 600).astype(np.uint16)
-    monkeypatch.setattr(cells, "streams", lambda cfg, tok: Streams(train, val, V))
+    monkeypatch.setattr(cells, "streams", lambda cfg, tok, prepared=None: Streams(train, val, V))
     calls = {"probe": 0}
     real = sensitivity.probe
     monkeypatch.setattr(sensitivity, "probe", lambda *a, **kw: calls.__setitem__("probe", calls["probe"] + 1)
@@ -388,3 +388,77 @@ test_mutants_are_caught = mutation_checks([
     ("probe-skips-the-probed-block",
      "tests/test_compress_alloc.py::test_the_probe_from_a_blocks_recorded_input_equals_a_full_forward[llama]"),
 ])
+
+
+# ---------------------------------------------------------------- the other rule's answer, from the store alone
+def test_the_other_rules_cell_is_evaluated_from_the_store_without_optimising(tmp_path, monkeypatch):
+    """A `stop: fixed` cell keeps each map's plateau answer; steps.run evaluates the cell at those answers on a
+    frozen store: no map optimised, the part keyed as the cell's own but for `sigmascale.stop`, and its perplexity
+    exactly that of a plateau cell optimised from scratch. The ledger then reads both answers of the cell; a map the
+    store lacks stops the run instead of being optimised."""
+    import polars as pl
+
+    from scalelab.compress import cells, ledger, steps
+    from scalelab.compress.store import MissingScalings, parts
+    from scalelab.config import CompressConfig
+    from scalelab.data.streams import Streams
+
+    folder, rng = _hf_folder(tmp_path), np.random.default_rng(0)
+    train, val = rng.integers(0, V, 4000).astype(np.uint16), rng.integers(0, V, 600).astype(np.uint16)
+    monkeypatch.setattr(cells, "streams", lambda cfg, tok, prepared=None: Streams(train, val, V))
+    sigma = SigmaScaleConfig(lr=5e-2, max_steps=80, patience=8, tol=1e-2, stop="fixed")
+    cfg = CompressConfig.model_validate({
+        "source": {"path": str(folder)}, "source_dep": str(folder),
+        "methods": {"svd_llm": {"kind": "svd_llm"}, "sigmascale": {"kind": "sigmascale"}},
+        "sigmascale": sigma.model_dump(), "calibration": {"samples": 8, "seq_len": 16, "batch_size": 4},
+        "eval": {"seq_len": 16, "val_tokens": 256, "batch_size": 8},
+        "grid": {"methods": ["svd_llm", "sigmascale"], "keep": [0.5]}})
+    store = tmp_path / "store"
+    (_, _), (fixed, fixed_maps) = cells.run_seed(cfg, 0, tmp_path / "out", store)
+    assert 0 < fixed["sigmascale_plateau_fired"] < fixed["sigmascale_maps"]  # the rule fired on some maps, not all
+
+    calls = _counting(monkeypatch)
+    [other] = steps.run(cfg, 0, str(store))
+    assert calls["optimise"] == 0 and other["sigmascale_reused"] == other["sigmascale_maps"]
+    assert other["sigmascale_stop_rule"] == "plateau" and other["val_nll"] != fixed["val_nll"]
+    held = [(k, m) for k, m, _ in parts(store) if m["method"] == "sigmascale"]
+    own = next(k for k, m in held if m["val_nll"] == fixed["val_nll"])
+    twin = next(k for k, m in held if m["val_nll"] == other["val_nll"])
+    assert twin == {**own, "sigmascale": {**own["sigmascale"], "stop": "plateau"}}
+    # the same perplexity as a plateau cell that optimises its own maps (no store)
+    plateau_cfg = cfg.model_copy(update={"sigmascale": sigma.model_copy(update={"stop": "plateau"}),
+                                         "grid": cfg.grid.model_copy(update={"methods": ["sigmascale"]})})
+    [(fresh, _)] = cells.run_seed(plateau_cfg, 0, tmp_path / "fresh")
+    assert calls["optimise"] == fixed["sigmascale_maps"] and fresh["val_nll"] == other["val_nll"]
+    # the ledger's premise finds both answers of the cell by its key
+    table = pl.DataFrame([{**fixed, "method": "sigmascale"}])
+    answers = ledger.rule_answers(store, table, {("sigmascale", 0.5, 0): [r.to_json() for r in fixed_maps]}, cfg)
+    got = answers[("sigmascale", 0.5, 0)]
+    assert (got["own"], got["fixed"]["val_nll"], got["plateau"]["val_nll"]) == ("fixed", fixed["val_nll"],
+                                                                               other["val_nll"])
+    # seed 1 was never optimised: the frozen store refuses rather than optimising it
+    before = calls["optimise"]
+    with pytest.raises(MissingScalings, match="not in the store"):
+        steps.run(cfg, 1, str(store))
+    assert calls["optimise"] == before
+
+
+# ---------------------------------------------------------------- ranks by SVD-LLM's whitened truncation loss
+def test_the_whitened_allocation_spends_the_budget_where_svd_llm_loses_most_output_energy():
+    """Two maps of one shape: one whose whitened spectrum decays fast (little lost by truncating it), one flat. The
+    threshold on the share of output energy discarded gives the flat map the higher rank, within the budget; with
+    equal spectra it gives both the same rank."""
+    from scalelab.compress import rank
+
+    shapes = {"fast": (40, 40), "flat": (40, 40)}
+    spectra = {"fast": [0.5 ** i for i in range(40)], "flat": [1.0] * 40}
+    ratios = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    table = rank.whitened_table(spectra, shapes, ratios)
+    assert table["flat"][0.5] == pytest.approx(1 - rank.rank_for(40, 40, 0.5) / 40) and table["fast"][1.0] == 0.0
+    assert all(table["fast"][r] < table["flat"][r] for r in ratios[:-1])
+    ranks = rank.sensitivity(shapes, table, 0.5)
+    assert ranks["flat"] is None or ranks["flat"] > (ranks["fast"] or 0)
+    assert sum(rank.weights(m, n, ranks[k]) for k, (m, n) in shapes.items()) <= 0.5 * 2 * 40 * 40
+    same = rank.sensitivity(shapes, rank.whitened_table({"fast": spectra["flat"], "flat": spectra["flat"]}, shapes,
+                                                        ratios), 0.5)
+    assert same["fast"] == same["flat"]

@@ -44,12 +44,12 @@ def device(cfg: CompressConfig) -> torch.device:
     return torch.device(cfg.device)
 
 
-def streams(cfg: CompressConfig, tokenizer) -> Streams:
-    """The pipeline's shards for its own exports; the prepared corpus in the model's own tokens otherwise (and the
-    evaluation split named in compress.eval.hub, when set)."""
+def streams(cfg: CompressConfig, tokenizer, prepared: str | os.PathLike | None = None) -> Streams:
+    """The pipeline's shards for its own exports; the prepared corpus (`prepared`, default the prepare stage's out)
+    in the model's own tokens otherwise (and the evaluation split named in compress.eval.hub, when set)."""
     if cfg.source.cell is not None:
         return from_shards(SHARDS)
-    return from_text(PREPARED, tokenizer, cfg.calibration.max_text_tokens, cfg.eval.hub)
+    return from_text(Path(prepared or PREPARED), tokenizer, cfg.calibration.max_text_tokens, cfg.eval.hub)
 
 
 def measured(model: torch.nn.Module, batches) -> dict:
@@ -91,17 +91,21 @@ def part_key(cfg: CompressConfig, method: str, keep: float, seed: int, identity:
     return {"kind": "part", "version": keys.VERSION, **identity, "val": val_tokens, "seed": seed, "keep": keep,
             "method": spec.model_dump(mode="json"), "eval": cfg.eval.model_dump(mode="json"),
             "sigmascale": cfg.sigmascale.model_dump(mode="json") if spec.kind == "sigmascale" else None,
-            "allocation": cfg.allocation.model_dump(mode="json") if kind == "sensitivity" and keep < 1 else None,
+            "allocation": cfg.allocation.model_dump(mode="json") if kind != "uniform" and keep < 1 else None,
             "refine": cfg.refine.model_dump(mode="json") if spec.refine != "none" else None}
 
 
 def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
-             store: str | os.PathLike | None = None) -> list[tuple[dict, list[LayerRecord]]]:
+             store: str | os.PathLike | None = None, *, optimise: bool = True,
+             prepared: str | os.PathLike | None = None) -> list[tuple[dict, list[LayerRecord]]]:
     """Every (method, kept fraction) cell of the grid at calibration seed `seed`; saved checkpoints (when
     compress.save_models) go to `out_dir`/<cell>/model. Returns each cell's metrics and per-layer records.
-    `store` (default compress.store): the folder of reusable results (store.py)."""
+    `store` (default compress.store): the folder of reusable results (store.py); `optimise=False` freezes it (a
+    SigmaScale map it lacks is store.MissingScalings, never optimised). `prepared`: the prepared corpus (`streams`)."""
     store = store if store is not None else cfg.store
-    results_store = Store(store) if store is not None else None
+    if store is None and not optimise:
+        raise ValueError("run_seed(optimise=False) answers from a store's scalings: name the store")
+    results_store = Store(store, frozen=not optimise) if store is not None else None
     dev = device(cfg)
     placement.set_torch_threads(cfg.threads)
     location = cfg.source.location()
@@ -110,7 +114,7 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
         model = load_causal_lm(location, cfg.source.dtype, dev)
     except ModelLoadError as err:
         raise DataError(str(err)) from None
-    data = streams(cfg, tokenizer)
+    data = streams(cfg, tokenizer, prepared)
     vocab = model.get_input_embeddings().num_embeddings
     if data.vocab_size > vocab:
         raise DataError(f"{location}: embedding has {vocab} rows, the token data uses ids up to {data.vocab_size - 1} "
@@ -155,7 +159,7 @@ def run_seed(cfg: CompressConfig, seed: int, out_dir: str | os.PathLike,
                 start = time.perf_counter()
                 records, refined = compress_model(student, shared, spec, keep, sigma_cfg=cfg.sigmascale,
                                                   allocation=cfg.allocation, refine_cfg=cfg.refine, seed=seed,
-                                                  store=results_store,
+                                                  store=results_store, held=val,
                                                   log_line=lambda s, name=name: log.info("%s: %s", name, s))
                 seconds = time.perf_counter() - start
                 after = measured(student, val)

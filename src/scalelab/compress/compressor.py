@@ -31,7 +31,7 @@ from scalelab.compress.lowrank import apply_factors
 from scalelab.compress.refine import refine
 from scalelab.compress.shared import Calibration
 from scalelab.compress.sigmascale import factors_of, initial_scalings, optimise, plateau_answer
-from scalelab.compress.store import Store
+from scalelab.compress.store import MissingScalings, Store
 from scalelab.config.compress import AllocationConfig, MethodConfig, RefineConfig, SigmaScaleConfig
 from scalelab.runtime.log import Every
 
@@ -83,11 +83,15 @@ def sigmascale_context(calib: Calibration, model: nn.Module, method: MethodConfi
 def sigmascale_map(name: str, weight: torch.Tensor, k: int, stats: Stats, method: MethodConfig,
                    sigma_cfg: SigmaScaleConfig, seed: int, store: Store | None = None,
                    context: dict | None = None) -> methods.Factors:
-    """One SigmaScale map: read back from `store` under (`context`, name, k), else initialised from the map's own
-    stream, optimised, and written to `store`. `info["cache"]`: 'hit', 'miss' or None (no store)."""
+    """One SigmaScale map: read back from `store` under (`context`, name, k), else (MissingScalings from a frozen
+    store) initialised from the map's own stream, optimised, and written to `store`. `info["cache"]`: 'hit', 'miss'
+    or None (no store)."""
     if store is not None and (hit := store.get_scalings(context, name, k)) is not None:
         d_r, d_c, info = hit
         return factors_of(weight, k, d_r, d_c, {**info, "cache": "hit"})
+    if store is not None and store.frozen:
+        raise MissingScalings(f"{name} at rank {k}: not in the store {store.folder} under this context (a frozen "
+                              "store answers from what it holds; this map would have to be optimised)")
     d_r, d_c = initial_scalings(weight, init=method.init, init_std=sigma_cfg.init_std,
                                 generator=keys.map_generator(name, seed), gram=stats.gram, abs_mean=stats.abs_mean,
                                 alpha=method.alpha)
@@ -126,12 +130,16 @@ def factorize(name: str, method: MethodConfig, weight: torch.Tensor, k: int, sta
 
 def allocate(model: nn.Module, calib: Calibration, keep: float, allocation: AllocationConfig,
              kind: str | None = None, store: Store | None = None) -> dict[str, int | None]:
-    """Ranks per map: `kind` (default: the section's) `uniform` or `sensitivity` (one table per calibration and
-    candidate set, from `store` when it holds it: every method gets the same ranks at the same ρ)."""
+    """Ranks per map: `kind` (default: the section's) `uniform`, `sensitivity` (one table per calibration and
+    candidate set, from `store` when it holds it: every method gets the same ranks at the same ρ) or `whitened` (the
+    same threshold on SVD-LLM's whitened truncation loss, rank.whitened_table)."""
     kind = kind or allocation.kind
     if kind == "uniform" or keep == 1:
         return rank.uniform(calib.shapes, keep)
-    table = calib.sensitivity(model, allocation.ratios, allocation.samples, store)
+    if kind == "whitened":  # the spectra SVD-LLM's optimum is read from: no probe (rank.py)
+        table = rank.whitened_table(calib.whitened, calib.shapes, allocation.ratios)
+    else:
+        table = calib.sensitivity(model, allocation.ratios, allocation.samples, store)
     return rank.sensitivity(calib.shapes, table, keep)
 
 
@@ -139,11 +147,13 @@ def compress_model(model: nn.Module, calib: Calibration | Sequence[Batch], metho
                    sigma_cfg: SigmaScaleConfig = SigmaScaleConfig(), allocation: AllocationConfig = AllocationConfig(),
                    refine_cfg: RefineConfig = RefineConfig(), blocks_per_pass: int = 0, seed: int = 0,
                    ranks: dict[str, int | None] | None = None, store: Store | None = None,
+                   held: Sequence[Batch] = (),
                    log_line: Callable[[str], None] | None = None) -> tuple[list[LayerRecord], dict]:
     """Compress `model` in place; returns one record per decoder linear map and the refinement's objective before
     and after (empty without refinement). `calib`: the shared calibration of this (uncompressed) model, or batches
     to calibrate on here. `ranks` overrides the allocation (None per map: leave it dense). `store`: where sensitivity
-    tables and SigmaScale scalings are read from and written to (None: computed here, kept nowhere)."""
+    tables and SigmaScale scalings are read from and written to (None: computed here, kept nowhere). `held`: windows
+    the refinement's objective is also read on, never fitted (the evaluation windows)."""
     model.eval()
     if not isinstance(calib, Calibration):
         import tempfile
@@ -152,7 +162,8 @@ def compress_model(model: nn.Module, calib: Calibration | Sequence[Batch], metho
             shared = Calibration(model, calib, blocks_per_pass=blocks_per_pass, fisher=method.kind == "fwsvd",
                                  spill=spill if blocks_per_pass else None)
             return compress_model(model, shared, method, keep, sigma_cfg=sigma_cfg, allocation=allocation,
-                                  refine_cfg=refine_cfg, seed=seed, ranks=ranks, store=store, log_line=log_line)
+                                  refine_cfg=refine_cfg, seed=seed, ranks=ranks, store=store, held=held,
+                                  log_line=log_line)
     say = log_line or log.info
     ranks = ranks if ranks is not None else allocate(model, calib, keep, allocation, method.allocation, store)
     if method.blocks is not None:  # a smoke run: the blocks past the first `blocks` stay dense
@@ -194,6 +205,6 @@ def compress_model(model: nn.Module, calib: Calibration | Sequence[Batch], metho
         del stats
     teacher = copy.deepcopy(model) if method.refine != "none" and factors else None
     apply_factors(model, factors)
-    refined = refine(model, teacher, calib.batches, target=method.refine, cfg=refine_cfg, log=say) \
+    refined = refine(model, teacher, calib.batches, target=method.refine, cfg=refine_cfg, held=held, log=say) \
         if teacher is not None else {}
     return records, refined

@@ -1,4 +1,5 @@
-"""Ranks from a kept fraction: uniform, or ASVD's sensitivity-based allocation.
+"""Ranks from a kept fraction: uniform, ASVD's sensitivity-based allocation, or the same threshold on SVD-LLM's
+whitened truncation loss.
 
 A rank-k factorisation of an m×n map stores k(m+n) weights, so keeping a fraction ρ of its m·n weights gives
 
@@ -10,6 +11,15 @@ Sensitivity (ASVD, arXiv 2312.05821 §3.3): for every layer l and candidate frac
 calibration loss of the model with only layer l truncated to r. ASVD then picks one threshold τ for all layers: each
 layer takes the smallest r whose loss stays ≤ τ, and τ is the smallest (by binary search over the measured losses)
 that keeps at most the target fraction of the compressed layers' weights.
+
+Whitened (beyond the papers): the same threshold rule on a table the calibration already holds, with no forward
+pass. With σ_i the singular values of W·S (S Sᵀ = C, SVD-LLM's whitening), SVD-LLM's layer loss at rank k is
+Σ_{i>k} σ_i² and the map's output energy ‖WX‖²_F is Σ_i σ_i², so
+
+    white[l][r] = Σ_{i>k_r} σ_i² / Σ_i σ_i²,   k_r = ⌊r·m·n/(m+n)⌋,   white[l][1] = 0
+
+is the share of map l's output energy the optimal rank-k_r truncation discards: one unit for every map, whatever the
+scale of its outputs, so one threshold compares them.
 """
 
 from __future__ import annotations
@@ -61,3 +71,19 @@ def sensitivity(shapes: Mapping[str, tuple[int, int]], sens: Mapping[str, Mappin
             lo = mid + 1
     choice = pick(taus[lo])
     return {name: rank_for(m, n, choice[name]) for name, (m, n) in shapes.items()}
+
+
+def whitened_table(spectra: Mapping[str, Sequence[float]], shapes: Mapping[str, tuple[int, int]],
+                   ratios: Sequence[float]) -> dict[str, dict[float, float]]:
+    """`white[name][r]` (module docstring) from each map's whitened singular values `spectra[name]` (σ(W·S)); a
+    map with no output energy loses nothing at any candidate."""
+    out = {}
+    for name, (m, n) in shapes.items():
+        energy = [float(s) ** 2 for s in spectra[name]]
+        total = sum(energy)
+        row = {}
+        for r in ratios:
+            k = rank_for(m, n, r)
+            row[float(r)] = 0.0 if k is None or total == 0 else sum(energy[k:]) / total
+        out[name] = row
+    return out

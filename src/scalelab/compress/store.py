@@ -30,6 +30,10 @@ import torch
 from scalelab.compress import keys
 
 
+class MissingScalings(LookupError):
+    """A frozen store (Store.frozen) lacks a SigmaScale map's scalings: the run would have to optimise it."""
+
+
 def _atomic_write(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -38,10 +42,13 @@ def _atomic_write(path: Path, write) -> None:
 
 
 class Store:
-    """The results folder at `folder` (created on first write); counts its hits, misses and writes."""
+    """The results folder at `folder` (created on first write); counts its hits, misses and writes. `frozen`: its
+    SigmaScale scalings are all a run may use: a map it lacks is an error (MissingScalings), never optimised here
+    (a cell evaluated from stored answers only, steps.py)."""
 
-    def __init__(self, folder: str | os.PathLike) -> None:
+    def __init__(self, folder: str | os.PathLike, *, frozen: bool = False) -> None:
         self.folder = Path(folder)
+        self.frozen = frozen
         self.hits = self.misses = self.writes = 0
 
     # ------------------------------------------------------------ sensitivity tables
@@ -123,6 +130,15 @@ class Store:
         _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
         self.writes += 1
         return path
+
+
+def parts(folder: str | os.PathLike) -> list[tuple[dict, dict, list[dict]]]:
+    """Every finished part in the store at `folder`: (key, metrics, per-map rows), in file order; none without one."""
+    out = []
+    for p in sorted((Path(folder) / "parts").glob("*.json")):
+        raw = json.loads(p.read_text())
+        out.append((raw["key"], raw["metrics"], raw["maps"]))
+    return out
 
 
 def progress(folder: str | os.PathLike) -> str:

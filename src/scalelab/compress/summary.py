@@ -56,7 +56,8 @@ def cells_table(cells: Sequence[Mapping]) -> pl.DataFrame:
     cols = ["method", "kind", "allocation", "keep", "seed", "val_nll", "ppl", "val_nll_dense", "ppl_dense",
             "calib_nll", "calib_tokens", "params", "params_dense", "linear_weights_kept", "loss_rel_svd_llm",
             "seconds", "tokens_per_s", "tokens_per_s_dense", "weight_bytes", "weight_bytes_dense",
-            "peak_memory_bytes"]
+            "peak_memory_bytes", "ranks_digest", "objective_before", "objective_after", "objective_before_held",
+            "objective_after_held"]
     return pl.DataFrame([{c: cell.get(c) for c in cols} for cell in cells], infer_schema_length=None).sort(
         "method", "keep", "seed")
 

@@ -31,7 +31,7 @@ class MethodConfig(Strict):
     # d_c = α·log(mean|x|) (α = this method's alpha), the rows at 0 for both
     init: Literal["random", "svd_llm", "asvd"] = "random"
     # the rank allocation of this method's cells; None: compress.allocation.kind (a `uniform` twin is the ablation)
-    allocation: Literal["uniform", "sensitivity"] | None = None
+    allocation: Literal["uniform", "sensitivity", "whitened"] | None = None
     # beyond the paper: after compression, fit the factors end to end to the uncompressed model on calibration data
     refine: Literal["none", "logits", "blocks"] = "none"
     # the first `blocks` decoder blocks compressed, the rest left dense: a smoke test of the method's code path on the
@@ -76,10 +76,12 @@ PAPER_RATIOS = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]  # the SigmaScale c
 
 
 class AllocationConfig(Strict):
-    """Per-layer ranks: `uniform` (k = ⌊ρ·m·n/(m+n)⌋ everywhere) or ASVD-style `sensitivity` (rank.py), measured by
-    a plain-SVD probe of every map at every candidate kept fraction on the first `samples` calibration windows."""
+    """Per-layer ranks: `uniform` (k = ⌊ρ·m·n/(m+n)⌋ everywhere), ASVD-style `sensitivity` (rank.py), measured by
+    a plain-SVD probe of every map at every candidate kept fraction on the first `samples` calibration windows, or
+    `whitened` (beyond the papers): the same threshold over the share of each map's output energy SVD-LLM's
+    truncation discards at each candidate, read off the whitened spectra the calibration already holds (no probe)."""
 
-    kind: Literal["uniform", "sensitivity"] = "uniform"
+    kind: Literal["uniform", "sensitivity", "whitened"] = "uniform"
     # candidate kept fractions per layer, increasing, 1.0 (dense) last; default: the paper's 0.2 ... 0.9 and dense
     ratios: list[float] = PAPER_RATIOS
     samples: PosInt = 8  # calibration windows the sensitivity is measured on (a subset of the calibration set)
@@ -100,7 +102,8 @@ class AllocationConfig(Strict):
 
 
 class RefineConfig(Strict):
-    """End-to-end refinement of the low-rank factors (beyond the paper), calibration data only."""
+    """End-to-end refinement of the low-rank factors (beyond the paper), fitted on calibration data only; its
+    objective is also read, never fitted, on the evaluation windows (held out)."""
 
     steps: PosInt = 100
     lr: PosFloat = 1e-4  # small: the factors start near the optimum, and calibration sets are small
