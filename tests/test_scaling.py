@@ -55,6 +55,16 @@ def test_alpha_at_a_bound_or_no_trend_is_flagged():
     assert not flat.identified
 
 
+def test_an_asymptote_at_its_bound_0_is_flagged_like_alpha():
+    """Losses from a law whose asymptote lies below 0 (E = −1): the non-negative fit stops E at 0 and the fit reads
+    "not identified" (E at its bound), as α at a bound does; the same law lifted above 0 is identified."""
+    below = PowerLaw(E=-1.0, A=6.0, alpha=0.1)
+    fit = fit_power_law(N4, below(N4))
+    assert fit.law.E == 0.0 and not fit.identified and fit.reason == "E at its bound 0", fit
+    lifted = fit_power_law(N4, below(N4) + 3.0)  # E = 2: interior, the same shape
+    assert lifted.identified and lifted.law.E == pytest.approx(2.0, abs=1e-3), lifted
+
+
 @pytest.fixture
 def a_params(micro_params):
     """The micro params with the synthetic cells' sizes (a-d) and the variants they compare (wd_in, wd_out)."""

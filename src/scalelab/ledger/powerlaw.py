@@ -7,8 +7,10 @@ the design well conditioned.
 
 Identification: three parameters, so `n_sizes − 3` residual degrees of freedom. With dof ≤ 0 the curve passes
 through its points whatever the truth, and α is whatever the search reached; an α at a bound of its search interval
-means the data would have taken it further; A = 0 means no trend, so α means nothing. Each of these flags the fit
-"not identified", and no claim uses its α.
+means the data would have taken it further; E at its bound 0 (nnls keeps the asymptote non-negative) means the same of
+the asymptote: the least-squares curve wanted an E below 0, so E, A and α trade off along a ridge the bound cuts and
+none is measured; A = 0 means no trend, so α means nothing. Each of these flags the fit "not identified", and no claim
+uses its parameters (a reader that needs the curve falls back to the measured points: scalelab.optbench.speedup).
 
 Uncertainty: a bootstrap over seeds. Cells of one seed share their batches, so a seed is the unit of replication:
 resample the seeds with replacement, refit the mean curve, and take the percentile interval of α (None with 1 seed).
@@ -90,6 +92,8 @@ def fit_power_law(n, loss, bounds: tuple[float, float] = DEFAULT_BOUNDS) -> Fit:
         reason = f"dof {dof}: {len(n)} sizes for 3 parameters"
     elif abs(alpha - nearest) <= 1e-3 * (hi - lo):
         reason = f"alpha at its bound {nearest:g}"
+    elif e <= 0 and a > 0:  # nnls stopped the asymptote at E ≥ 0: the bound, not the data, set it
+        reason = "E at its bound 0"
     elif a <= 0:
         reason = "no trend (A = 0)"
     else:
