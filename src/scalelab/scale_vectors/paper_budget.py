@@ -312,7 +312,8 @@ def next_slice(folder: Path) -> list[str]:
         if not pending:
             std, uni = choices[size, "standard"].best, choices[size, "unified"].best
             cells_ = [f"{std}-{v}-{size}-{seeds}" for v in variants if v != "unified"] + [f"{uni}-unified-{size}-{seeds}"]
-            lines.append(f"{size} held out: add  - stage: pretrain_recipe\n    cells: [{', '.join(repr(c) for c in cells_)}]")
+            lines.append(f"{size} held out: add  - stage: pretrain_recipe\n    cells: [{', '.join(repr(c) for c in cells_)}]"
+                         f"\n  and seeds: {list(params.pretrain.grid.seeds)} (the spec's seeds filter every entry)")
     return lines
 
 
