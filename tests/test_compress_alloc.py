@@ -462,3 +462,29 @@ def test_the_whitened_allocation_spends_the_budget_where_svd_llm_loses_most_outp
     same = rank.sensitivity(shapes, rank.whitened_table({"fast": spectra["flat"], "flat": spectra["flat"]}, shapes,
                                                         ratios), 0.5)
     assert same["fast"] == same["flat"]
+
+
+def test_a_part_stored_before_a_setting_existed_is_found_at_that_settings_default(tmp_path):
+    """A committed store outlives its schema: a part whose key predates `eval.calib_nll` and a method's `blocks` is
+    the part today's key names at those settings' defaults (what the code then did), under another file name; at a
+    setting other than the default it is a miss."""
+    from scalelab.compress import keys
+    from scalelab.compress.store import Store
+    from scalelab.config import CompressConfig
+
+    cfg = CompressConfig.model_validate({"source": {"path": "m"}, "source_dep": "m",
+                                         "methods": {"svd_llm": {"kind": "svd_llm"}},
+                                         "eval": {"seq_len": 16, "val_tokens": 64, "batch_size": 4},
+                                         "grid": {"methods": ["svd_llm"], "keep": [0.5]}})
+    from scalelab.compress.cells import part_key
+
+    today = part_key(cfg, "svd_llm", 0.5, 0, {"model": "a", "tokens": "b"}, "c")
+    old = {**today, "method": {k: v for k, v in today["method"].items() if k != "blocks"},
+           "eval": {k: v for k, v in today["eval"].items() if k != "calib_nll"}}
+    assert old != today and keys.digest(old) != keys.digest(today)
+    Store(tmp_path).put_part(old, {"val_nll": 1.5}, [])
+    store = Store(tmp_path)
+    assert store.get_part(today) == ({"val_nll": 1.5}, []) and store.hits == 1
+    off = part_key(cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"calib_nll": False})}), "svd_llm", 0.5,
+                   0, {"model": "a", "tokens": "b"}, "c")
+    assert store.get_part(off) is None and store.misses == 1

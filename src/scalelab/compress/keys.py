@@ -69,3 +69,18 @@ def map_seed(name: str, seed: int) -> int:
 def map_generator(name: str, seed: int) -> torch.Generator:
     """A CPU generator seeded with `map_seed(name, seed)`: one per map, drawn from in a fixed order."""
     return torch.Generator().manual_seed(map_seed(name, seed))
+
+
+def normal_part(key: Mapping) -> dict:
+    """A part's key (cells.part_key) with its settings read through today's schema, so a part written before a
+    setting existed matches the key that names the setting at its default, which is what the code did before it
+    had the setting (`eval.calib_nll`: the calibration NLL computed; a method's `blocks`: every block compressed).
+    A default that changes must bump VERSION: a part written under the old one would read as the new."""
+    from scalelab.config.compress import AllocationConfig, EvalConfig, MethodConfig, RefineConfig, SigmaScaleConfig
+
+    out = dict(key)
+    for name, model in (("method", MethodConfig), ("eval", EvalConfig), ("sigmascale", SigmaScaleConfig),
+                        ("allocation", AllocationConfig), ("refine", RefineConfig)):
+        if isinstance(out.get(name), Mapping):
+            out[name] = model.model_validate(out[name]).model_dump(mode="json")
+    return out

@@ -51,6 +51,7 @@ from pathlib import Path
 import polars as pl
 
 from scalelab.ledger import claims
+from scalelab.compress.keys import normal_part
 from scalelab.compress.rank import rank_for
 from scalelab.compress.summary import (
     PLATEAU, cells_table, distinct, layers_table, load, maps_table, paired, rows_of, spearman,
@@ -147,8 +148,9 @@ def rule_answers(store: str | Path | None, table: pl.DataFrame,
     "stored": whether the store holds the cell's own part, rule: {"val_nll", "max_steps", "maps"}, ...}}.
 
     The cell's own rule (the study's compress.sigmascale.stop) is the cell itself. Its other answer is the store's
-    part whose key is exactly the cell's own part's with `sigmascale.stop` swapped: the same model, windows, ranks and
-    settings but for the rule (what steps.py writes from the stored scalings). The cell's own part is the stored part
+    part whose key is the cell's own part's with `sigmascale.stop` swapped (both read through today's schema,
+    keys.normal_part): the same model, windows, ranks and settings but for the rule (what steps.py writes from the
+    stored scalings). The cell's own part is the stored part
     with its method, ρ, seed and validation NLL (the cell wrote it: the same float). A study whose cells ran before it
     kept a store has no part to key the other answer by."""
     from scalelab.compress.store import parts
@@ -165,8 +167,9 @@ def rule_answers(store: str | Path | None, table: pl.DataFrame,
         answers: dict = {"own": own_rule, "stored": own is not None,
                          own_rule: {"val_nll": nll, "max_steps": steps, "maps": list(layers.get(at, []))}}
         for rule in set(RULES) - {own_rule} if own is not None else ():
-            want = {**own, "sigmascale": {**own["sigmascale"], "stop": rule}}
-            hit = next(((k, m, maps) for k, m, maps in mine if k == want), None)
+            # read through today's schema: a cell's part written before a setting existed keys it at its default
+            want = normal_part({**own, "sigmascale": {**own["sigmascale"], "stop": rule}})
+            hit = next(((k, m, maps) for k, m, maps in mine if normal_part(k) == want), None)
             if hit is not None:
                 answers[rule] = {"val_nll": hit[1]["val_nll"], "max_steps": hit[0]["sigmascale"]["max_steps"],
                                  "maps": hit[2]}

@@ -82,10 +82,16 @@ class Store:
         return self.folder / "parts" / f"{keys.digest(key)[:20]}.json"
 
     def get_part(self, key: dict) -> tuple[dict, list[dict]] | None:
-        """(metrics, per-map rows) of a (method, ρ) part of a seed's cell stored under `key`, or None."""
+        """(metrics, per-map rows) of a (method, ρ) part of a seed's cell stored under `key`, or None. A part written
+        before a setting of its key existed sits under another file name: found by its key read through today's
+        schema (keys.normal_part), the file name only the first place looked."""
         path = self._part_path(key)
         raw = json.loads(path.read_text()) if path.is_file() else None
         if raw is None or raw.get("key") != key:
+            want = keys.normal_part(key)
+            raw = next((r for p in sorted((self.folder / "parts").glob("*.json"))
+                        if keys.normal_part((r := json.loads(p.read_text()))["key"]) == want), None)
+        if raw is None:
             self.misses += 1
             return None
         self.hits += 1
