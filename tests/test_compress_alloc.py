@@ -488,3 +488,21 @@ def test_a_part_stored_before_a_setting_existed_is_found_at_that_settings_defaul
     off = part_key(cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"calib_nll": False})}), "svd_llm", 0.5,
                    0, {"model": "a", "tokens": "b"}, "c")
     assert store.get_part(off) is None and store.misses == 1
+
+
+def test_seeding_a_store_copies_the_tables_and_the_parts_of_the_methods_the_profile_names(tmp_path):
+    from scalelab.compress.refine_cost import seed_store
+    from scalelab.compress.store import Store
+    from scalelab.config import CompressConfig
+
+    cfg = CompressConfig.model_validate({"source": {"path": "m"}, "source_dep": "m",
+                                         "methods": {"svd_llm": {"kind": "svd_llm"}},
+                                         "grid": {"methods": ["svd_llm"], "keep": [0.5]}})
+    source = Store(tmp_path / "from")
+    source.put_sensitivity({"kind": "sensitivity", "x": 1}, {"a": {0.5: 1.0}}, seconds=1.0, tokens=8)
+    for kind in ("svd_llm", "asvd"):  # written before a method had `blocks`: its settings read at today's schema
+        source.put_part({"kind": "part", "method": {"kind": kind, "alpha": 0.5, "init": "random", "allocation": None,
+                                                    "refine": "none"}}, {"method": kind}, [])
+    assert seed_store(tmp_path / "from", tmp_path / "into", cfg) == {"sensitivity": 1, "parts": 1}
+    [copied] = (tmp_path / "into" / "parts").glob("*.json")
+    assert json.loads(copied.read_text())["metrics"] == {"method": "svd_llm"}

@@ -30,6 +30,8 @@ from pathlib import Path
 def seed_store(source: Path, into: Path, cfg) -> dict:
     """Copy `source`'s sensitivity tables, and its parts of every method `cfg` names with the same settings, into
     `into`; returns the counts copied."""
+    from scalelab.compress.keys import normal_part
+
     specs = [m.model_dump(mode="json") for m in cfg.methods.values()]
     copied = {"sensitivity": 0, "parts": 0}
     for table in sorted((source / "sensitivity").glob("*.json")):
@@ -37,7 +39,7 @@ def seed_store(source: Path, into: Path, cfg) -> dict:
         shutil.copy2(table, into / "sensitivity" / table.name)
         copied["sensitivity"] += 1
     for part in sorted((source / "parts").glob("*.json")):
-        if json.loads(part.read_text())["key"]["method"] in specs:
+        if normal_part(json.loads(part.read_text())["key"])["method"] in specs:  # an older part's settings too
             (into / "parts").mkdir(parents=True, exist_ok=True)
             shutil.copy2(part, into / "parts" / part.name)
             copied["parts"] += 1
