@@ -8,8 +8,8 @@ The protocol (LR grid and its extension, second hyperparameters, budgets) is sca
 A cell is an optimizer's whole sweep at one size, not a single run: a process costs ~2-9 s before it trains
 (imports, DVC, MLflow) against ~2-6 s per run at the default profile, and one process per sweep also times the
 optimizer's steps interleaved with the baseline's (scalelab.optbench.timing.step_time_ratio). A pinned arm's
-sweep reads the baseline's sweep metrics at its size (its side-group LR is the baseline's tuned LR), so it runs after
-the baseline's sweep cell.
+sweep reads its reference's sweep metrics at its size (optimizers.pin_to, default the baseline: its side group takes
+that arm's tuned hyperparameters), so it runs after that sweep cell.
 Outs (<stage> = sweep or seeds): data/optimizers/<stage>/<optimizer>-<size>/ (persistent: one folder per run with
 its checkpoint and result.json, reused or resumed by a rerun), metrics/optimizers/<stage>/<optimizer>-<size>.json,
 plots/optimizers/<stage>/<optimizer>-<size>.csv (validation curves).
@@ -50,11 +50,11 @@ def main(params: Params, args: argparse.Namespace) -> None:
             cell = optbench.seeds_cell(params, args.optimizer, args.size, sweep, out, shards, stage)
         else:
             baseline = None
-            if args.optimizer in params.optimizers.pinned:  # its side-group LR: the baseline's tuned one
-                path = Path("metrics/optimizers/sweep") / f"{params.optimizers.baseline}-{args.size}.json"
+            if ref := params.optimizers.pinned_to(args.optimizer):  # its side group: that reference's choice
+                path = Path("metrics/optimizers/sweep") / f"{ref}-{args.size}.json"
                 if not path.is_file():
-                    raise DataError(f"{path} absent: the pinned arm {args.optimizer} runs after the baseline's sweep "
-                                    f"(stage optimizers@{params.optimizers.baseline}-{args.size})")
+                    raise DataError(f"{path} absent: the pinned arm {args.optimizer} runs after the sweep of {ref} "
+                                    f"(stage optimizers@{ref}-{args.size})")
                 baseline = json.loads(path.read_text())
             cell = optbench.sweep_cell(params, args.optimizer, args.size, out, shards, stage, baseline=baseline)
         run.log_metrics({k: v for k, v in optbench.cell_metrics(cell).items() if isinstance(v, int | float)})

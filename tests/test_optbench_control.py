@@ -58,22 +58,39 @@ def _groups(run) -> dict[str, dict]:
 
 # ---------------------------------------------------------------- the arms' groups
 def test_a_pinned_arms_side_group_trains_at_the_baselines_tuned_lr(params):
-    """Muon pinned, at 4x its centre LR: its matrices at that LR, its AdamW side group (embeddings, LM head, scale
-    vectors) at the baseline's tuned LR, read from the baseline's sweep; the same family unpinned trains its
-    embeddings at its own 4x LR. What the run records (protocol.embedding_lr) is the LR the group is built with."""
+    """Muon pinned, at 4x its centre LR and its own tuned decay 0.01: its matrices at that LR and decay, its AdamW side
+    group (embeddings, LM head, scale vectors) at the LR, decay and betas the baseline chose, read from the baseline's
+    sweep (all pinned, none the family's); the same family unpinned trains its side group at its own 4x LR, decay and
+    betas (all the family's). What the run records (protocol.embedding_lr) is the LR the group is built with."""
     sub = _control(params)
-    pin = optbench.pinned_lr(sub, "muon_pinned", {"best_lr": 1.5e-3, "best_hp": {"lr": 1.5e-3}})
-    assert pin == 1.5e-3 and optbench.pinned_lr(sub, "muon", {"best_lr": 1.5e-3}) is None
-    hp = {"lr": 4 * 3e-3}
-    groups = _groups(optbench.run_params(sub, "muon_pinned", hp, pinned_lr=pin))
-    assert groups["matrix"]["lr"] == pytest.approx(1.2e-2)
+    chosen = {"lr": 1.5e-3, "weight_decay": 0.3, "beta2": 0.99}
+    pin = optbench.pinned_lr(sub, "muon_pinned", {"best_lr": 1.5e-3, "best_hp": chosen})
+    assert pin == {"lr": 1.5e-3, "weight_decay": 0.3, "betas": [0.9, 0.99], "embedding_lr_mult": 1.0}
+    assert optbench.pinned_lr(sub, "muon", {"best_lr": 1.5e-3, "best_hp": chosen}) is None
+    hp = {"lr": 4 * 3e-3, "weight_decay": 0.01}
+    run = optbench.run_params(sub, "muon_pinned", hp, pinned_lr=pin)
+    groups = _groups(run)
+    assert groups["matrix"]["lr"] == pytest.approx(1.2e-2) and groups["matrix"]["weight_decay"] == 0.01
     side = {k: g for k, g in groups.items() if k != "matrix"}
     assert set(side) >= {"embedding", "input_scale", "output_scale"}
     assert all(g["lr"] == g["base_lr"] == pytest.approx(1.5e-3) for g in side.values()), side
+    assert side["embedding"]["weight_decay"] == 0.3 and all(g["betas"] == (0.9, 0.99) for g in side.values())
+    assert groups["matrix"]["momentum"] == sub.optim["muon_pinned"].momentum  # the family's own, untouched
     assert protocol.embedding_lr(sub.optim["muon_pinned"], hp, pin) == pytest.approx(groups["embedding"]["lr"])
     free = _groups(optbench.run_params(sub, "muon", hp))
     assert free["embedding"]["lr"] == pytest.approx(1.2e-2) == protocol.embedding_lr(sub.optim["muon"], hp)
-    with pytest.raises(ParamsError, match="needs the baseline's sweep"):
+    assert free["embedding"]["weight_decay"] == 0.01 and free["embedding"]["betas"] == sub.optim["muon"].betas
+    # pinned to the embedding control instead: its multiplier comes with the rest
+    emb = _control(params, pin_to={"muon_pinned": "adamw_emb"})
+    pin = optbench.pinned_lr(emb, "muon_pinned", {"best_lr": 2e-3, "best_hp": {"lr": 2e-3, "embedding_lr_mult": 9.0}})
+    assert pin["embedding_lr_mult"] == 9.0 and pin["weight_decay"] == emb.optim["adamw_emb"].weight_decay
+    groups = _groups(optbench.run_params(emb, "muon_pinned", hp, pinned_lr=pin))
+    assert groups["embedding"]["lr"] == pytest.approx(1.8e-2) and groups["input_scale"]["lr"] == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match=r"pin_to: \['muon'\] not in optimizers.pinned"):
+        _control(params, pin_to={"muon": "adamw_emb"})
+    with pytest.raises(ValueError, match=r"pin_to: \['muon'\] not a reference arm"):
+        _control(params, pin_to={"muon_pinned": "muon"})
+    with pytest.raises(ParamsError, match="needs the adamw sweep's metrics"):
         optbench.pinned_lr(sub, "muon_pinned", None)
     with pytest.raises(ParamsError, match="sweep chose none"):
         optbench.pinned_lr(sub, "muon_pinned", {"best_lr": None})
@@ -351,8 +368,15 @@ def test_the_study_generator_reads_the_committed_cells(params, tmp_path):
 # Mutation checks (tests/mutants.py): each control broken, and the test above that must notice.
 @mutant("pin-ignored")  # the pinned arm's side group moves with the family's LR, as before the control
 def _(monkeypatch):
-    real = optbench_run.side_lr
-    monkeypatch.setattr(optbench_run, "side_lr", lambda cfg, lr, pinned=None: real(cfg, lr))
+    real = optbench_run.side_settings
+    monkeypatch.setattr(optbench_run, "side_settings", lambda cfg, hp, pinned=None: real(cfg, hp))
+
+
+@mutant("pin-lr-only")  # the side group's LR pinned, its decay and betas the family's (mixed)
+def _(monkeypatch):
+    real = optbench_run.side_settings
+    monkeypatch.setattr(optbench_run, "side_settings", lambda cfg, hp, pinned=None: {
+        "adamw_lr": real(cfg, hp, pinned)["adamw_lr"]})
 
 
 @mutant("timed-step-unclipped")  # the timed step without the gradient clipping the trained step has
@@ -381,6 +405,7 @@ def _(monkeypatch):
 T = "tests/test_optbench_control.py::"
 test_a_broken_control_is_caught = mutation_checks([
     ("pin-ignored", f"{T}test_a_pinned_arms_side_group_trains_at_the_baselines_tuned_lr"),
+    ("pin-lr-only", f"{T}test_a_pinned_arms_side_group_trains_at_the_baselines_tuned_lr"),
     ("timed-step-unclipped", f"{T}test_the_timed_step_is_the_trained_step_with_its_gradient_clipping"),
     ("curve-at-the-budget-1-choice", f"{T}test_a_references_lr_is_retuned_at_every_data_budget"),
     ("second-never-extended", f"{T}test_a_second_hyperparameter_at_an_edge_is_extended_by_the_lrs_rule"),

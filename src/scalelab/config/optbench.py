@@ -13,6 +13,11 @@ every optimizer of `optimizers` (keys of params `optim`) at every size of `sizes
    an edge by the LR's rule, at most `max_extra_second` points each. AdamW gets weight decay and warmup (Wen et al.:
    its recipe beyond the LR matters), every other optimizer the one its paper names most sensitive. `max_runs`: the
    stated budget of runs per optimizer and size; the schema checks every optimizer's worst case fits it.
+   With `lr_last`, every arm's LR is searched again at its chosen second hyperparameters (`retune_points` LRs
+   centred on the first choice, extended by the LR's rule): the budget-1 point of a reference's curve is then tuned
+   as fully as the points at the other budgets, and every arm is tuned the same way. Every arm should tune the same
+   shared hyperparameters (SHARED_HPS: weight decay and warmup, besides the LR); the claims ledger makes a comparison
+   of arms that did not untested (its equal-tuning premise).
 3. The chosen configuration is rerun with `rerun_seeds` (held out from every choice). The references (the baseline
    and each of `references`) are also trained at every `budgets` fraction of the steps, each with its own full
    schedule and its LR retuned there on the sweep seeds (`retune_points` LRs centred on the one chosen at budget 1,
@@ -42,14 +47,20 @@ from scalelab.config.optim import ScheduleConfig
 # argument `kwargs.<key>` (which must be set in optim.<name>.kwargs: its value is the centre).
 SECOND_HPS = ("weight_decay", "warmup", "momentum", "beta1", "beta2", "embedding_lr_mult")
 BOUNDED = ("momentum", "beta1", "beta2")  # in (0, 1): moved on 1 − β
+# The hyperparameters every family has besides the LR (the decay of its weights, the schedule's warmup): every arm
+# of a comparison tunes the same of them (the claims' equal-tuning premise), so neither is tuned more than the other
+SHARED_HPS = ("weight_decay", "warmup")
 
 
 class OptBenchConfig(Strict):
     optimizers: list[Name]  # keys of params `optim`: the matrix axis of the sweep
     # matrix-family keys of `optim` whose AdamW side group trains at the baseline's tuned LR (run after its sweep)
     pinned: list[Name] = []
+    # pinned arm -> the AdamW arm (the baseline or one of `references`) whose tuned LR, decay, betas and embedding LR
+    # multiplier its side group takes; a pinned arm not named here is pinned to the baseline
+    pin_to: dict[Name, Name] = {}
     references: list[Name] = []  # more arms treated as the baseline (budgets, retuned LRs); claims built against each
-    sizes: Annotated[list[Name], Field(min_length=2)]  # keys of model.sizes (the claims' scale dependence)
+    sizes: Annotated[list[Name], Field(min_length=1)]  # keys of model.sizes (≥ 2 for the claims' scale dependence)
     variant: Name = "standard"  # the paper's Pre-Norm model with one γ per norm
     baseline: Name = "adamw"  # speed-up in data and step-time ratio are against this optimizer (Wen et al. 2025)
     schedule: ScheduleConfig = ScheduleConfig()
@@ -60,6 +71,7 @@ class OptBenchConfig(Strict):
     retune_points: Annotated[int, Field(ge=3)] = 3  # odd: a reference's LR grid at each other data budget
     second: dict[Name, list[str]] = {}  # optimizer key -> its second hyperparameters, tuned in order
     hp_ratio: Annotated[float, Field(gt=1)] = 3.0
+    lr_last: bool = False  # every arm's LR searched again at its chosen second hyperparameters (step 2, last)
     max_runs: PosInt = 40  # the stated budget of sweep runs per optimizer and size (all seeds)
     sweep_seeds: Annotated[list[NonNegInt], Field(min_length=2)] = [0, 1]  # choose LR and second HPs (mean)
     rerun_seeds: Annotated[list[NonNegInt], Field(min_length=2)] = [2, 3]  # held out from every choice
@@ -96,6 +108,11 @@ class OptBenchConfig(Strict):
                              f"baseline {self.baseline!r}")
         if bad := sorted(set(self.batch_optimizers) - set(self.arms)):
             raise ValueError(f"optimizers.batch_optimizers: {bad} not in optimizers.optimizers {self.arms}")
+        if bad := sorted(set(self.pin_to) - set(self.pinned)):
+            raise ValueError(f"optimizers.pin_to: {bad} not in optimizers.pinned {self.pinned}")
+        if bad := sorted(set(self.pin_to.values()) - set(self.reference_arms)):
+            raise ValueError(f"optimizers.pin_to: {bad} not a reference arm {self.reference_arms} (a pinned arm "
+                             "takes a reference's tuned side-group hyperparameters)")
         for opt, hps in self.second.items():
             if opt not in self.arms:
                 raise ValueError(f"optimizers.second: {opt!r} is not in optimizers.optimizers {self.arms}")
@@ -122,7 +139,14 @@ class OptBenchConfig(Strict):
         """The most sweep runs the protocol takes for `optimizer` at one size (grid, extension, second HPs with
         theirs)."""
         points = self.lr_points + self.max_extra + len(self.second.get(optimizer, [])) * (2 + self.max_extra_second)
+        if self.lr_last:  # the last LR pass: its centre is measured already
+            points += self.retune_points - 1 + self.max_extra
         return points * len(self.sweep_seeds)
+
+    def pinned_to(self, optimizer: str) -> str | None:
+        """The reference arm whose tuned side-group hyperparameters pinned arm `optimizer` takes (None: not
+        pinned)."""
+        return self.pin_to.get(optimizer, self.baseline) if optimizer in self.pinned else None
 
     def lr_grid(self, centre: PosFloat, points: int | None = None) -> list[float]:
         """The log-spaced grid of `points` (default lr_points) centred (geometrically) on `centre`, its middle

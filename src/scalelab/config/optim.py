@@ -7,7 +7,8 @@ import re
 from functools import lru_cache
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
+from pydantic import (ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
+                      model_serializer)
 
 from scalelab.config.base import Fraction, NonNegFloat, PosFloat, PosInt, Strict
 
@@ -102,10 +103,24 @@ class OptimizerConfig(Strict):
     eps: PosFloat = 1e-8
     momentum: Fraction = 0.95  # Muon / SGD
     adamw_lr: PosFloat | None = None  # lr of the AdamW side-group under matrix optimizers (None: lr)
+    # the side group's decay and betas (None: the optimizer's own): the optimizer benchmark's pinned arms set them with
+    # adamw_lr to an AdamW arm's tuned values, so the group is all pinned or all the family's, never mixed
+    adamw_weight_decay: NonNegFloat | None = None
+    adamw_betas: tuple[float, float] | None = None
     # The token embedding's and LM head's LR over the LR of the optimizer that trains them (the family's own, or the
     # AdamW side group's under a matrix family): the optimizer benchmark's embedding-LR control tunes it for AdamW
     embedding_lr_mult: PosFloat = 1.0
     kwargs: dict[str, Any] = {}  # passed through to the library optimizer (keys and types: KWARG_TYPES[name])
+
+    @model_serializer(mode="wrap")
+    def _without_unset_side(self, handler):
+        # unset side-group decay and betas are left out of the dump: a config that does not set them hashes (the
+        # training cells' config_hash) and writes as it did before they existed
+        out = handler(self)
+        for key in ("adamw_weight_decay", "adamw_betas"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
     @field_validator("name")
     @classmethod

@@ -6,12 +6,18 @@ registry writes them), then each of `optimizers.references` (ids ending `-vs-<re
 Premises (each measured from the committed cells; any failed one makes the entry untested, its numbers still shown):
 - choice on the seed mean: every arm's configuration was chosen on the mean of ≥ 2 sweep seeds;
 - hyperparameters interior: no tuned hyperparameter of either arm (the LR after the grid's extension, each second
-  hyperparameter after its one pass) sits at an edge of the values tried (scalelab.optbench.protocol.at_edge);
+  hyperparameter after its one pass) sits at an edge of the values tried (scalelab.optbench.protocol.at_edge, the
+  shared rule of scalelab.ledger.interior: an end that beats its neighbour by less than the arm's held-out seed
+  spread at that setting is interior, and no decay or no warmup is a natural bound);
+- equal tuning: both arms tuned the same of the hyperparameters every family has (weight decay and warmup,
+  config.optbench.SHARED_HPS), so neither lead is the other's untuned recipe;
 - embeddings trained like the baseline's: where the optimizer sends the embeddings and LM head to its AdamW side group
   (the matrix families), that group's LR is within half an LR grid step of the LR the reference trained its
   embeddings at (its tuned LR × its embedding LR multiplier), so the claim compares the treatment of the matrices
   and not an embedding LR the reference never had (a pinned arm's side group is at the baseline's tuned LR);
 - reference curve: the reference measured at ≥ 4 data budgets on every held-out seed (three parameters and one dof);
+  where its power-law fit is not identified (an asymptote or exponent at its bound) the speed-up is interpolated
+  between the measured budgets, and the premise's value says so;
 - in the measured range: every held-out seed's final loss lies within the reference's measured losses (a speed-up
   beyond them is a bound, never a measurement: the curve had no room for it);
 - budget (claims about the paper's own regime): tokens per parameter within the stated factor of the paper's.
@@ -25,8 +31,9 @@ import statistics
 from scalelab.ledger import claims
 from scalelab.optbench.papers import (CLAIMS, CONTROL, EVERY_REFERENCE, UNCLAIMED, WEN_REGIME,
                                                WEN_TOKENS_PER_PARAM, PaperClaim, claims_about)
-from scalelab.optbench.data import Bench, finals, ok, read_study, size_regime, sweep_seed_count
-from scalelab.optbench.speedup import INSIDE, per_seed, reference
+from scalelab.config.optbench import SHARED_HPS
+from scalelab.optbench.data import Bench, chosen, finals, ok, read_study, size_regime, sweep_seed_count
+from scalelab.optbench.speedup import READ, per_seed, reference
 from scalelab.optim import spec
 from scalelab.optbench.protocol import at_edge
 
@@ -50,10 +57,32 @@ def seeds_premise(cells: dict, arms: list[tuple[str, str]]) -> dict:
     return claims.premise("choice on the seed mean", n, n >= 2, "every arm chosen on the mean of ≥ 2 sweep seeds")
 
 
-def interior_premise(cells: dict, arms: list[tuple[str, str]]) -> dict:
-    edges = [f"{o}-{s} {', '.join(e)}" for o, s in arms if (e := at_edge(cells[o, s]))]
+def seed_spread(bench: Bench, cells: dict, runs: list[dict], opt: str, size: str):
+    """budget -> the standard deviation of `opt`'s final loss over the held-out seeds at its choice for that budget
+    (0 with fewer than two finished seeds): the interior rule's tolerance."""
+    def spread(budget: float) -> float:
+        losses = [r["val_loss"] for r in finals(runs, opt, size, chosen(cells[opt, size], budget), budget).values()
+                  if r["seed"] in bench.rerun_seeds and ok(r)]
+        return statistics.stdev(losses) if len(losses) > 1 else 0.0
+    return spread
+
+
+def interior_premise(bench: Bench, cells: dict, runs: list[dict], arms: list[tuple[str, str]]) -> dict:
+    edges = [f"{o}-{s} {', '.join(e)}" for o, s in arms
+             if (e := at_edge(cells[o, s], seed_spread(bench, cells, runs, o, s)))]
     return claims.premise("hyperparameters interior", "; ".join(edges) + " at edge" if edges else "none at an edge",
-                          not edges, "every tuned hyperparameter of each arm inside the values tried")
+                          not edges, "every tuned hyperparameter of each arm inside the values tried, or at an end "
+                          "within the held-out seed spread of its neighbour, or at a natural bound")
+
+
+def tuning_premise(cells: dict, arms: list[tuple[str, str]]) -> dict:
+    """Which of the shared hyperparameters (SHARED_HPS) each arm tuned, from its sweep's record: equal for all."""
+    tuned = {f"{o}-{s}": sorted(set(cells[o, s].get("second") or {}) & set(SHARED_HPS)) for o, s in arms}
+    same = len({tuple(v) for v in tuned.values()}) == 1
+    value = (f"{', '.join(next(iter(tuned.values()))) or 'none'} by every arm" if same
+             else "; ".join(f"{a} {', '.join(v) or 'none'}" for a, v in tuned.items()))
+    return claims.premise("equal tuning", value, same,
+                          f"every arm tuned the same of {', '.join(SHARED_HPS)} (besides the LR)")
 
 
 def embedding_premise(bench: Bench, cells: dict, opt: str, size: str, ref: str | None = None) -> dict:
@@ -75,30 +104,40 @@ def embedding_premise(bench: Bench, cells: dict, opt: str, size: str, ref: str |
 
 
 def curve_premise(bench: Bench, cells: dict, runs: list[dict], size: str, ref: str | None = None) -> dict:
+    """The reference's budgets on every held-out seed, and where its fit is not identified, that the speed-up was
+    interpolated between the measured budgets (and why)."""
     ref = ref or bench.baseline
-    n = min(len(reference(bench, cells, runs, size, s, ref).points) for s in bench.rerun_seeds)
+    curves = {s: reference(bench, cells, runs, size, s, ref) for s in bench.rerun_seeds}
+    n = min(len(c.points) for c in curves.values())
     who = "the baseline" if ref == bench.baseline else ref
-    return claims.premise("reference curve", f"{size}: {n} budgets", n >= MIN_BUDGETS,
+    fallback = {}
+    for s, c in curves.items():
+        if c.fallback:
+            fallback.setdefault(c.fallback, []).append(str(s))
+    how = "".join(f"; seed {', '.join(seeds)} {why}: interpolated between measured budgets"
+                  for why, seeds in fallback.items())
+    return claims.premise("reference curve", f"{size}: {n} budgets{how}", n >= MIN_BUDGETS,
                           f"{who} measured at ≥ {MIN_BUDGETS} data budgets on every held-out seed")
 
 
 def range_premise(seeds: dict[int, tuple], where: str = "") -> dict:
     """Seeds whose speed-up is a bound fail it; seeds with no speed-up at all (no reference fit, a diverged run) are
     not counted here: the reference curve's premise or the statistic's own reason says why."""
-    out = [f"seed {s} {k}" for s, (v, k) in sorted(seeds.items()) if v is not None and k != INSIDE]
+    out = [f"seed {s} {k}" for s, (v, k) in sorted(seeds.items()) if v is not None and k not in READ]
     read = any(v is not None for v, _ in seeds.values())
     value = f"{where}{', '.join(out)} (a bound)" if out else f"{where}{'every seed inside' if read else 'none read'}"
     return claims.premise("in the measured range", value, not out,
                           "each held-out seed's final loss within the baseline's measured losses over its budgets")
 
 
-def common(bench: Bench, cells: dict, opt: str, sizes: list[str], ref: str | None = None) -> list[dict]:
-    """The premises every comparison with a tuned reference (default the baseline) has: the seed mean and interior
-    hyperparameters of both arms at every size it uses, and the embeddings' LR where the optimizer hands them to its
-    side group."""
+def common(bench: Bench, cells: dict, runs: list[dict], opt: str, sizes: list[str],
+           ref: str | None = None) -> list[dict]:
+    """The premises every comparison with a tuned reference (default the baseline) has: the seed mean, interior
+    hyperparameters and equal tuning of both arms at every size it uses, and the embeddings' LR where the optimizer
+    hands them to its side group."""
     ref = ref or bench.baseline
     arms = [(o, s) for s in sizes for o in dict.fromkeys((opt, ref))]
-    out = [seeds_premise(cells, arms), interior_premise(cells, arms)]
+    out = [seeds_premise(cells, arms), interior_premise(bench, cells, runs, arms), tuning_premise(cells, arms)]
     if bench.embeddings_on_side(opt):
         out += [embedding_premise(bench, cells, opt, s, ref) for s in sizes]
     return out
@@ -112,10 +151,10 @@ def _unusable(seeds: dict[int, tuple]) -> str | None:
 # Each builder: (claim, settings, cells, runs, subject, size, reference) -> one entry.
 def beats(pc, bench, cells, runs, opt, size, ref) -> dict:
     seeds = per_seed(bench, cells, runs, opt, size, ref=ref)
-    premises = [*common(bench, cells, opt, [size], ref), curve_premise(bench, cells, runs, size, ref),
+    premises = [*common(bench, cells, runs, opt, [size], ref), curve_premise(bench, cells, runs, size, ref),
                 range_premise(seeds)]
     return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref), _vs(SPEEDUP, bench, ref),
-                        [v - 1 for v, k in seeds.values() if k == INSIDE], pc.published,
+                        [v - 1 for v, k in seeds.values() if k in READ], pc.published,
                         unusable=_unusable(seeds), regime=regime(bench, runs, size, pc), premises=premises,
                         paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
 
@@ -124,10 +163,10 @@ def shrinks(pc, bench, cells, runs, opt, size, ref) -> dict:
     # the regime of the larger size: the claim is about the lead there, against the smallest
     small, large = bench.sizes[0], bench.sizes[-1]
     a, b = (per_seed(bench, cells, runs, opt, s, ref=ref) for s in (small, large))
-    premises = [*common(bench, cells, opt, [small, large], ref),
+    premises = [*common(bench, cells, runs, opt, [small, large], ref),
                 *(curve_premise(bench, cells, runs, s, ref) for s in (small, large)),
                 range_premise(a, f"{small}: "), range_premise(b, f"{large}: ")]
-    diffs = [a[s][0] - b[s][0] for s in bench.rerun_seeds if a[s][1] == INSIDE and b[s][1] == INSIDE]
+    diffs = [a[s][0] - b[s][0] for s in bench.rerun_seeds if a[s][1] in READ and b[s][1] in READ]
     return claims.claim(_id(pc, bench, opt, large, ref), _text(pc, bench, opt, large, ref),
                         _vs(f"speed-up({small}) − speed-up({large}), held-out seeds", bench, ref), diffs,
                         pc.published, unusable=_unusable(a) or _unusable(b), regime=regime(bench, runs, large, pc),
@@ -151,8 +190,9 @@ def batch(pc, bench, cells, runs, opt, size, ref) -> dict:
     diffs = [big[s] - one[s] for s in bench.rerun_seeds if s in one and s in big]
     refs = [reference(bench, cells, runs, size, s) for s in bench.rerun_seeds]
     tokens = size_regime(bench, runs, size)["tokens"]
-    worth = [r.loss_worth(tokens, pc.smallest_speedup) for r in refs if not r.why_not and tokens]
-    premises = [*common(bench, cells, opt, [size]), curve_premise(bench, cells, runs, size)]
+    worth = [w for r in refs if not r.why_not and tokens
+             and (w := r.loss_worth(tokens, pc.smallest_speedup)) is not None]
+    premises = [*common(bench, cells, runs, opt, [size]), curve_premise(bench, cells, runs, size)]
     return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref),
                         f"(baseline − {opt}) final loss at {bench.batch_factor}x batch minus at 1x, same tokens, LR "
                         "chosen at 1x (held-out seeds)", diffs, pc.published,
@@ -181,11 +221,11 @@ def tuned(pc, bench, cells, runs, opt, size, ref) -> dict:
     reach the default's final loss (1 / the default's speed-up against the tuned curve), minus 1."""
     default = {"lr": bench.optim[opt].lr}
     seeds = per_seed(bench, cells, runs, opt, size, hp=default)
-    premises = [*common(bench, cells, opt, [size]), curve_premise(bench, cells, runs, size), range_premise(seeds)]
+    premises = [*common(bench, cells, runs, opt, [size]), curve_premise(bench, cells, runs, size), range_premise(seeds)]
     return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref),
                         "data gain of tuning − 1: the default recipe's tokens over those the tuned baseline's fitted "
                         "curve needs to reach the default's final loss (held-out seeds)",
-                        [1 / v - 1 for v, k in seeds.values() if k == INSIDE], pc.published,
+                        [1 / v - 1 for v, k in seeds.values() if k in READ], pc.published,
                         unusable=_unusable(seeds), regime=regime(bench, runs, size, pc), premises=premises,
                         paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
 
@@ -255,6 +295,8 @@ def ledger(bench: Bench, cells: dict, runs: list[dict]) -> list[dict]:
     reference, and each large-batch rerun no claim covers."""
     entries = []
     for pc in CLAIMS:
+        if pc.kind == "shrinks" and len(bench.sizes) < 2:  # a trend over sizes needs two of them
+            continue
         for opt in _subjects(pc, bench):
             for ref in _against(pc, bench):
                 for size in bench.sizes[-1:] if pc.kind == "shrinks" else bench.sizes:

@@ -67,12 +67,19 @@ class Bench:
         return opt != self.baseline and spec(self.name(opt)).matrices_only
 
     def side_lr(self, opt: str, hp: dict, cell: dict | None = None) -> float:
-        """The side group's LR of `opt`'s run at `hp` (a pinned arm's: its cell's `pinned_lr`)."""
-        return side_lr(self.optim[opt], hp["lr"], (cell or {}).get("pinned_lr"))
+        """The side group's LR of `opt`'s run at `hp` (a pinned arm's: its cell's pin)."""
+        return side_lr(self.optim[opt], hp["lr"], pin(cell))
 
     def embedding_lr(self, opt: str, hp: dict, cell: dict | None = None) -> float:
         """The LR `opt`'s embeddings and LM head train at in its run at `hp` (scalelab.optbench.protocol.embedding_lr)."""
-        return embedding_lr(self.optim[opt], hp, (cell or {}).get("pinned_lr"))
+        return embedding_lr(self.optim[opt], hp, pin(cell))
+
+
+def pin(cell: dict | None) -> dict | float | None:
+    """A pinned arm's side group as its sweep cell recorded it: the whole pin (`pinned_side`), or the LR alone in a
+    cell written before the pin held more (`pinned_lr`)."""
+    cell = cell or {}
+    return cell.get("pinned_side") or cell.get("pinned_lr")
 
 
 def load_cells(metrics_dir: Path | dict[tuple[str, str], Path], bench: Bench) -> tuple[dict, list[dict]]:

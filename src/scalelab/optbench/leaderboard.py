@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from scalelab.optbench.claims import seed_spread
 from scalelab.optbench.papers import CONTROL, published
 from scalelab.optbench.data import Bench, finals, ok, read_study, run_size
 from scalelab.optbench.speedup import fit_dof, per_seed, speedup_text, summarise
@@ -55,7 +56,8 @@ def table(bench: Bench, cells: dict, runs: list[dict]) -> pl.DataFrame:
             "params": next((r["params"] for r in c["runs"].values() if r.get("params")), None),
             "non_embedding_params": n["non_embedding_params"], "tokens": n["tokens"],
             "tokens_per_param": n["tokens_per_param"],
-            "best_lr": c["best_lr"], "best_hp": json.dumps(best), "at_edge": ", ".join(at_edge(c)),
+            "best_lr": c["best_lr"], "best_hp": json.dumps(best),
+            "at_edge": ", ".join(at_edge(c, seed_spread(bench, cells, runs, opt, size))),
             "extra_points": c.get("extra_points"), "diverged": f"{c['diverged']}/{c['n_runs']}",
             "n_seeds": len(losses), "val_loss": statistics.fmean(losses) if losses else None,
             "val_loss_sd": statistics.stdev(losses) if len(losses) > 1 else None,

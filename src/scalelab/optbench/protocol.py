@@ -9,6 +9,15 @@ One extension rule for every tuned hyperparameter (`_extend`): a best value at a
 point past it, at the hyperparameter's own step (the LR: × lr_ratio; a second hyperparameter: × hp_ratio, 1 − β for
 betas and momenta), until the best is interior, the new point diverged on every sweep seed (it brackets the best), or
 the allowance is spent (`max_extra` for the LR, `max_extra_second` for each second hyperparameter).
+
+With `optimizers.lr_last` every arm's LR is searched once more after its second hyperparameters (`retune_points`
+LRs centred on the first choice, at the chosen second hyperparameters, the LR's extension rule): the LR chosen first
+was chosen at the second hyperparameters' defaults, and a reference's curve must not have its budget-1 point tuned
+less than the others (each retuned at its budget with every second hyperparameter as chosen).
+
+The interior premise (`at_edge`) is the shared rule of scalelab.ledger.interior: a choice at an end of the values
+tried is at an edge only where it beats its neighbour by more than the held-out seed spread, and a natural bound
+(`BOUNDS`) is never an edge.
 """
 
 from __future__ import annotations
@@ -19,11 +28,15 @@ from collections.abc import Callable
 
 from scalelab.config import OptimizerConfig, Params
 from scalelab.config.optbench import BOUNDED, OptBenchConfig
+from scalelab.ledger.interior import edge
 from scalelab.optim.registry import spec
 
 SHORT = {"weight_decay": "wd", "warmup": "wu", "momentum": "mom", "beta1": "b1", "beta2": "b2",
          "embedding_lr_mult": "emb"}
 Job = tuple[dict, int, float, int]  # (hyperparameters, seed, data budget, batch factor) of one run
+# Natural bounds of the tuned hyperparameters: nothing lies below no decay or no warmup (a β or a momentum never
+# reaches 1 on the protocol's steps, so theirs is never tried)
+BOUNDS = {"weight_decay": (0.0,), "warmup": (0.0,)}
 
 
 def lr_key(lr: float) -> str:
@@ -103,8 +116,11 @@ def _extend(scores: dict[float, float], trial: Callable[[float], float], nxt: Ca
     return extra
 
 
-def _lr_search(ob: OptBenchConfig, grid: list[float], trial: Callable[[float], float]) -> dict:
-    scores = {lr: trial(lr) for lr in grid}
+def _lr_search(ob: OptBenchConfig, grid: list[float], trial: Callable[[float], float],
+               known: dict[float, float] | None = None) -> dict:
+    """`known`: scores already measured at these settings (the centre of a final pass: not trained twice)."""
+    known = known or {}
+    scores = {lr: known[lr] if lr in known else trial(lr) for lr in grid}
     extra = _extend(scores, trial, lambda lr, d: lr * ob.lr_ratio ** d, ob.max_extra)
     lr = _best(scores)
     return {"lr_grid": sorted(scores), "lr_scores": [_finite(scores[k]) for k in sorted(scores)],
@@ -134,16 +150,23 @@ def tune(params: Params, optimizer: str, trial: Callable[[dict], float]) -> dict
         second[hp] = {"values": sorted(values), "scores": [_finite(values[k]) for k in sorted(values)],
                       "best": best, "at_edge": len(values) > 1 and best in (min(values), max(values)),
                       "extra_points": extra}
-    return {**found, "best_hp": chosen if lr is not None else None, "best_score": _finite(top), "second": second}
+    out = {**found, "best_hp": chosen if lr is not None else None, "best_score": _finite(top), "second": second}
+    if ob.lr_last and lr is not None:  # the LR again at the chosen second hyperparameters (module doc)
+        last = retune_lr(params, optimizer, chosen, trial, known={lr: top})
+        out |= {"lr_first": found["best_lr"], "lr_last": last, "best_lr": last["best_lr"],
+                "best_hp": last["best_hp"], "best_score": last["best_score"]}
+    return out
 
 
-def retune_lr(params: Params, optimizer: str, chosen: dict, trial: Callable[[dict], float]) -> dict:
-    """A reference's LR retuned at another data budget (step 3; `trial` trains at that budget): `retune_points`
-    log-spaced LRs at lr_ratio centred on the LR `chosen` at the benchmark's own budget, extended past an edge by the
-    LR's rule, every other hyperparameter as chosen there. `best_hp`: the choice at that budget (None: every LR
-    diverged)."""
+def retune_lr(params: Params, optimizer: str, chosen: dict, trial: Callable[[dict], float],
+              known: dict[float, float] | None = None) -> dict:
+    """A reference's LR retuned at another data budget (step 3; `trial` trains at that budget), or any arm's LR
+    searched again at its own budget after its second hyperparameters (`lr_last`): `retune_points` log-spaced LRs at
+    lr_ratio centred on the LR `chosen` at the benchmark's own budget, extended past an edge by the LR's rule, every
+    other hyperparameter as chosen there; `known`: {LR: score} already measured at these settings. `best_hp`: the
+    choice (None: every LR diverged)."""
     ob = params.optimizers
-    found = _lr_search(ob, ob.lr_grid(chosen["lr"], ob.retune_points), lambda lr: trial({**chosen, "lr": lr}))
+    found = _lr_search(ob, ob.lr_grid(chosen["lr"], ob.retune_points), lambda lr: trial({**chosen, "lr": lr}), known)
     top = found.pop("_top")
     best = None if found["best_lr"] is None else normal(params, optimizer, {**chosen, "lr": found["best_lr"]})
     return {**found, "best_hp": best, "best_score": _finite(top)}
@@ -173,43 +196,82 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def at_edge(sweep: dict) -> list[str]:
-    """The tuned hyperparameters of a sweep summary (`tune`'s result) whose chosen value is the smallest or largest
-    of the values tried: the LR at an end of its grid after the extension (a diverged point past it is part of the
-    grid and brackets it), each second hyperparameter at an end of its values after theirs, and a reference's LR
-    retuned at another budget (`budget_tunes`, from its rerun cell) at an end of that grid ("lr@x<budget>"). A value
-    the protocol did not move (a zero centre has no neighbours) is not at an edge. Nothing chosen (every run
-    diverged) has no hyperparameters to be interior: ["nothing chosen"]."""
+def _scores(values: list[float], scores: list[float | None] | None, best: float) -> dict[float, float]:
+    """{value tried: score} (a diverged point: inf); a summary without scores (written before they were kept) gives
+    its choice the only finite score, so the choice at an end is an edge whatever the tolerance."""
+    if scores is None:
+        return {v: (0.0 if v == best else math.inf) for v in values}
+    return {v: math.inf if sc is None else sc for v, sc in zip(values, scores)}
+
+
+def at_edge(sweep: dict, spread: float | Callable[[float], float] = 0.0) -> list[str]:
+    """The tuned hyperparameters of a sweep summary (`tune`'s result) left at an edge of the values tried, by the
+    interior rule of scalelab.ledger.interior: the LR (its last pass where `lr_last` ran one) after the extension (a
+    diverged point past it is part of the grid and brackets it), each second hyperparameter after theirs, and a
+    reference's LR retuned at another budget (`budget_tunes`, from its rerun cell: "lr@x<budget>"). `spread`: the
+    held-out seed spread of the arm's loss (or budget -> spread), the tolerance within which an end that beats its
+    neighbour is still interior; 0 and each of BOUNDS are natural bounds. A value the protocol did not move (a zero
+    centre has no neighbours) is not at an edge. Nothing chosen (every run diverged) has no hyperparameters to be
+    interior: ["nothing chosen"]."""
     if sweep.get("best_hp") is None:
         return ["nothing chosen"]
-    grid = sorted(sweep["lr_grid"])
-    out = ["lr"] if sweep["best_lr"] in (grid[0], grid[-1]) else []
+    tol = spread if callable(spread) else (lambda budget: spread)
+    def edged(values: list[float], scores: list | None, best: float, spread: float, bounds=()) -> bool:
+        # only the choice itself can be at an edge: a tie at an end that the choice did not take (a second
+        # hyperparameter keeps its default unless a value beats it) is no edge
+        return best in (min(values), max(values)) and edge(_scores(values, scores, best), spread, bounds) is not None
+
+    lr = sweep.get("lr_last") or sweep
+    out = ["lr"] if edged(lr["lr_grid"], lr.get("lr_scores"), lr["best_lr"], tol(1.0)) else []
     for hp, s in (sweep.get("second") or {}).items():
-        values = sorted(s["values"])
-        if len(values) > 1 and s["best"] in (values[0], values[-1]):
+        if len(s["values"]) > 1 and edged(s["values"], s.get("scores"), s["best"], tol(1.0), BOUNDS.get(hp, ())):
             out.append(hp)
     for budget, t in sorted((sweep.get("budget_tunes") or {}).items(), key=lambda kv: float(kv[0])):
-        grid = sorted(t["lr_grid"])
         if t.get("best_lr") is None:
             out.append(f"lr@x{budget} nothing chosen")
-        elif t["best_lr"] in (grid[0], grid[-1]):
+        elif edged(t["lr_grid"], t.get("lr_scores"), t["best_lr"], tol(float(budget))):
             out.append(f"lr@x{budget}")
     return out
 
 
-def side_lr(cfg: OptimizerConfig, lr: float, pinned: float | None = None) -> float:
+Pin = dict  # a pinned arm's side group: {"lr", "weight_decay", "betas", "embedding_lr_mult"} of an AdamW reference
+
+
+def pin_of(params: Params, reference: str, hp: dict) -> Pin:
+    """The side-group hyperparameters an arm pinned to AdamW arm `reference` takes from its choice `hp`: its LR,
+    weight decay, betas and embedding LR multiplier, each as chosen or at its default (all pinned, never mixed)."""
+    c = lambda k: hp.get(k, centre(params, reference, k))  # noqa: E731
+    return {"lr": hp["lr"], "weight_decay": c("weight_decay"), "betas": [c("beta1"), c("beta2")],
+            "embedding_lr_mult": c("embedding_lr_mult")}
+
+
+def side_lr(cfg: OptimizerConfig, lr: float, pinned: float | Pin | None = None) -> float:
     """The LR of the AdamW side group (scalelab.optim.registry: the scale vectors, and under a matrix family the
-    embeddings and LM head too) of a benchmark run of `cfg` at LR `lr`: `pinned` where the arm pins it (the
-    baseline's tuned LR at that size, optimizers.pinned); else `cfg.adamw_lr` moved by the same factor as the LR
-    (lr / the centre `cfg.lr`: one LR knob per optimizer), or the run's LR itself where `adamw_lr` is unset (the
-    registry's default)."""
+    embeddings and LM head too) of a benchmark run of `cfg` at LR `lr`: `pinned`'s where the arm pins it (an AdamW
+    reference's tuned LR at that size, optimizers.pinned; a cell written before the pin held more than the LR
+    records the LR alone); else `cfg.adamw_lr` moved by the same factor as the LR (lr / the centre `cfg.lr`: one LR
+    knob per optimizer), or the run's LR itself where `adamw_lr` is unset (the registry's default)."""
     if pinned is not None:
-        return pinned
+        return pinned["lr"] if isinstance(pinned, dict) else pinned
     return cfg.adamw_lr * lr / cfg.lr if cfg.adamw_lr else lr
 
 
-def embedding_lr(cfg: OptimizerConfig, hp: dict, pinned: float | None = None) -> float:
+def side_settings(cfg: OptimizerConfig, hp: dict, pinned: float | Pin | None = None) -> dict:
+    """The `optim` fields of a run of `cfg` at `hp` that set its AdamW side group: its LR always (`side_lr`); where
+    the arm is pinned, also the reference's decay, betas and embedding LR multiplier (the group's hyperparameters
+    all pinned); else the family's own decay and betas, as tuned (all the family's): nothing more to set."""
+    out = {"adamw_lr": side_lr(cfg, hp["lr"], pinned)}
+    if isinstance(pinned, dict):
+        out |= {"adamw_weight_decay": pinned["weight_decay"], "adamw_betas": tuple(pinned["betas"]),
+                "embedding_lr_mult": pinned["embedding_lr_mult"]}
+    return out
+
+
+def embedding_lr(cfg: OptimizerConfig, hp: dict, pinned: float | Pin | None = None) -> float:
     """The LR the token embedding and LM head train at in a run of `cfg` at hyperparameters `hp`: the side group's
-    (`side_lr`) under a matrix family, else the family's own LR; × the embedding LR multiplier (hp's, else cfg's)."""
-    own = side_lr(cfg, hp["lr"], pinned) if spec(cfg.name).matrices_only else hp["lr"]
-    return own * hp.get("embedding_lr_mult", cfg.embedding_lr_mult)
+    (`side_lr`) under a matrix family, else the family's own LR; × the embedding LR multiplier (hp's, else a pin's,
+    else cfg's)."""
+    matrix = spec(cfg.name).matrices_only
+    own = side_lr(cfg, hp["lr"], pinned) if matrix else hp["lr"]
+    mult = pinned["embedding_lr_mult"] if matrix and isinstance(pinned, dict) else cfg.embedding_lr_mult
+    return own * hp.get("embedding_lr_mult", mult)

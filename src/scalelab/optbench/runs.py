@@ -23,7 +23,7 @@ from scalelab.config import Params, RecipeConfig
 from scalelab.data import write_json_atomic
 from scalelab.optim import hooks, spec
 from scalelab.optim.registry import has_side
-from scalelab.optbench.protocol import embedding_lr, normal, side_lr
+from scalelab.optbench.protocol import Pin, embedding_lr, normal, side_lr, side_settings
 from scalelab.train.fit import Cell, config_hash, fit, resume_run_id
 
 RECIPE = "optbench"  # the recipe and optim key of the run in its params copy
@@ -36,10 +36,11 @@ def bench_steps(params: Params) -> int:
 
 
 def run_params(params: Params, optimizer: str, hp: dict | float, budget: float = 1.0, batch: int = 1,
-               pinned_lr: float | None = None) -> Params:
+               pinned_lr: float | Pin | None = None) -> Params:
     """`params` with recipe and optim entry RECIPE = `optim.<optimizer>` at the hyperparameters `hp` (a dict, or an
-    LR alone), its AdamW side group's LR `protocol.side_lr` (the baseline's tuned LR `pinned_lr` for a pinned arm,
-    else moved by the same factor as the LR: one LR knob per optimizer), for `budget` × the benchmark's tokens with
+    LR alone), its AdamW side group set by `protocol.side_settings` (a pinned arm's: the LR, decay, betas and
+    embedding LR multiplier its reference chose, `pinned_lr`; else its LR moved by the same factor as the LR, one LR
+    knob per optimizer, with the family's own decay and betas), for `budget` × the benchmark's tokens with
     its own full schedule, at `batch` × pretrain's batch (the same tokens in 1/batch the steps), and the benchmark's
     overrides of `pretrain`.
     Schedule-Free optimizers keep the schedule's warmup and no decay: their averaging is the decay. AdEMAMix warms α
@@ -47,7 +48,7 @@ def run_params(params: Params, optimizer: str, hp: dict | float, budget: float =
     ob, base = params.optimizers, params.optim[optimizer]
     hp = {"lr": hp} if isinstance(hp, (int, float)) else hp
     steps = max(1, round(bench_steps(params) * budget / batch))
-    update: dict = {"lr": hp["lr"], "adamw_lr": side_lr(base, hp["lr"], pinned_lr)}
+    update: dict = {"lr": hp["lr"], **side_settings(base, hp, pinned_lr)}
     kwargs = dict(base.kwargs)
     for k, v in hp.items():
         if k in ("beta1", "beta2"):
@@ -108,10 +109,10 @@ FIT_KEYS = ("val_loss", "train_loss", "steps", "tokens", "params", "non_embeddin
 
 
 def train_run(params: Params, optimizer: str, size: str, hp: dict | float, seed: int, out_dir: Path, shards: Path,
-              stage: str | None, budget: float = 1.0, batch: int = 1, pinned_lr: float | None = None) -> dict:
+              stage: str | None, budget: float = 1.0, batch: int = 1, pinned_lr: float | Pin | None = None) -> dict:
     """One run of the benchmark (fit on the params copy), or its earlier result under the same config hash.
 
-    `stage` names its MLflow child run (None: no tracking); `pinned_lr`: a pinned arm's side-group LR."""
+    `stage` names its MLflow child run (None: no tracking); `pinned_lr`: a pinned arm's side group (protocol.Pin)."""
     from scalelab import tracking
 
     hp = normal(params, optimizer, {"lr": hp} if isinstance(hp, (int, float)) else hp)

@@ -7,6 +7,11 @@ its final losses are fitted with the saturating power law L(D) = E + A·D^−α
 D_base(L_opt) / D_opt: the tokens the fitted baseline needs to reach the optimizer's final loss over the tokens the
 optimizer used.
 
+A fit that is not identified (scalelab.ledger.powerlaw: dof ≤ 0, α or the asymptote E at a bound, no trend) gives
+no curve to read: the speed-up then falls back to interpolation between the two measured budgets whose losses
+bracket the optimizer's, linear in log D (log D = log D_i + (L_i − L)/(L_i − L_(i+1))·(log D_(i+1) − log D_i)),
+labelled "interpolated" (kind INTERP) wherever it is shown; it needs the measured losses to fall with the budget.
+
 Whether a loss is inside the range is decided on the baseline's measured losses on that seed, not on the fit: a loss
 below the lowest the baseline reached over its budgets gives a bound "> D_max / D_opt", above the highest
 "< D_min / D_opt", never an extrapolated or capped number. A bound is not a measurement of the speed-up (the claims
@@ -24,6 +29,8 @@ from scalelab.optbench.data import Bench, chosen, finals, ok
 from scalelab.ledger.powerlaw import Fit, fit_power_law
 
 INSIDE, ABOVE, BELOW = "=", ">", "<"  # a value; a lower bound (loss below the range); an upper bound (above it)
+INTERP = "~"  # a value interpolated between measured budgets (the fit not identified)
+READ = (INSIDE, INTERP)  # the kinds that are measurements of the speed-up, not bounds
 
 
 class Reference:
@@ -35,28 +42,69 @@ class Reference:
                                 if len({t for t, _ in points}) >= 3 else None)
 
     @property
+    def identified(self) -> bool:
+        return self.fit is not None and self.fit.identified
+
+    @property
+    def falling(self) -> bool:
+        """Whether the measured losses fall strictly with the budget (interpolation inverts them uniquely)."""
+        return len(self.points) >= 2 and all(b[1] < a[1] and b[0] > a[0] for a, b in zip(self.points,
+                                                                                         self.points[1:]))
+
+    @property
+    def fallback(self) -> str | None:
+        """Why the speed-up is interpolated, not read off the fit (None: the fit is identified)."""
+        if self.identified:
+            return None
+        return f"fit {self.fit.reason}" if self.fit else f"{len(self.points)} budgets, no fit"
+
+    @property
     def why_not(self) -> str | None:
-        """Why no speed-up can be read from this reference (None: it can)."""
-        if self.fit is None:
-            return f"baseline fit: {len(self.points)} budgets measured, fewer than 3"
-        return None if self.fit.identified else f"baseline fit: {self.fit.reason}"
+        """Why no speed-up can be read from this reference (None: it can, off the fit or interpolated)."""
+        if self.identified or self.falling:
+            return None
+        if len(self.points) < 2:
+            return f"baseline: {len(self.points)} budgets measured, fewer than 2"
+        return f"baseline {self.fallback}, and its measured losses do not fall with the budget (no interpolation)"
+
+    def _interpolate(self, loss: float) -> float:
+        """D at `loss` between the bracketing measured budgets, linear in log D (module doc)."""
+        for (d0, l0), (d1, l1) in zip(self.points, self.points[1:]):
+            if l1 <= loss <= l0:
+                return math.exp(math.log(d0) + (l0 - loss) / (l0 - l1) * (math.log(d1) - math.log(d0)))
+        raise ValueError(f"loss {loss} outside the measured losses")
 
     def speedup(self, loss: float, tokens: float) -> tuple[float, str]:
-        """(value, kind) of D_base(loss) / tokens (module doc): kind INSIDE when `loss` lies within the measured
-        losses, ABOVE/BELOW a bound at the largest/smallest budget's tokens otherwise."""
+        """(value, kind) of D_base(loss) / tokens (module doc): kind INSIDE (off the fit) or INTERP (interpolated)
+        when `loss` lies within the measured losses, ABOVE/BELOW a bound at the largest/smallest budget's tokens
+        otherwise."""
         losses = [v for _, v in self.points]
         lo, hi = self.points[0][0], self.points[-1][0]
         if loss < min(losses):
             return hi / tokens, ABOVE
         if loss > max(losses):
             return lo / tokens, BELOW
+        if not self.identified:
+            return self._interpolate(loss) / tokens, INTERP
         d = self.fit.law.inverse(loss)
         return (d / tokens, INSIDE) if math.isfinite(d) else (hi / tokens, ABOVE)
 
-    def loss_worth(self, tokens: float, factor: float) -> float:
-        """The fitted loss drop from `tokens` to `factor` × `tokens`: what a speed-up of `factor` is worth in loss at
-        the benchmark's budget (converts a smallest effect stated in data into nats)."""
-        return float(self.fit.law(tokens) - self.fit.law(factor * tokens))
+    def loss_at(self, tokens: float) -> float | None:
+        """The reference's loss at `tokens`: the fit's, or interpolated linearly in log D between the measured
+        budgets when the fit is not identified (None outside them)."""
+        if self.identified:
+            return float(self.fit.law(tokens))
+        for (d0, l0), (d1, l1) in zip(self.points, self.points[1:]):
+            if d0 <= tokens <= d1:
+                return l0 + (l1 - l0) * (math.log(tokens) - math.log(d0)) / (math.log(d1) - math.log(d0))
+        return None
+
+    def loss_worth(self, tokens: float, factor: float) -> float | None:
+        """The reference's loss drop from `tokens` to `factor` × `tokens`: what a speed-up of `factor` is worth in
+        loss at the benchmark's budget (converts a smallest effect stated in data into nats); None where the
+        interpolated curve does not reach both."""
+        a, b = self.loss_at(tokens), self.loss_at(factor * tokens)
+        return None if a is None or b is None else a - b
 
 
 def reference(bench: Bench, cells: dict, runs: list[dict], size: str, seed: int, ref: str | None = None) -> Reference:
@@ -104,10 +152,11 @@ def summarise(seeds: dict[int, tuple[float | None, str]], level: float = 0.95) -
         return {"speedup": None, "kind": why, "low": None, "high": None, "n": len(vals)}
     kinds = {k for _, k in vals}
     mean = statistics.fmean(v for v, _ in vals)
-    if kinds == {INSIDE}:
+    if kinds <= set(READ):  # interpolated on any seed: the whole cell is labelled so
         ci = t_interval([v for v, _ in vals], level)
-        return {"speedup": mean, "kind": INSIDE, "low": ci and ci[1], "high": ci and ci[2], "n": len(vals)}
-    side = kinds - {INSIDE}
+        return {"speedup": mean, "kind": INTERP if INTERP in kinds else INSIDE, "low": ci and ci[1],
+                "high": ci and ci[2], "n": len(vals)}
+    side = kinds - set(READ)
     if len(side) == 1:
         return {"speedup": mean, "kind": side.pop(), "low": None, "high": None, "n": len(vals)}
     return {"speedup": None, "kind": "outside the range on both sides", "low": None, "high": None, "n": len(vals)}
@@ -118,4 +167,5 @@ def speedup_text(s: dict) -> str:
         return f"– ({s['kind']})"
     if s["kind"] in (ABOVE, BELOW):
         return f"{s['kind']} {s['speedup']:.2f}x"
-    return f"{s['speedup']:.2f}x" + ("" if s["low"] is None else f" [{s['low']:.2f}, {s['high']:.2f}]")
+    return (f"{s['speedup']:.2f}x" + ("" if s["low"] is None else f" [{s['low']:.2f}, {s['high']:.2f}]")
+            + (" (interpolated)" if s["kind"] == INTERP else ""))

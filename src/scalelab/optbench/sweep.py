@@ -8,8 +8,9 @@ training. Each run keeps its own folder with fit's checkpoint and a `result.json
 cell reuses the finished runs and resumes an interrupted one from its checkpoint, with the optimizer state.
 
 Per cell, in the sweep's process: the step-time ratio to the baseline and the optimizer step's own peak memory
-(scalelab.optbench.timing). A pinned arm's sweep takes the baseline's sweep at that size (its tuned LR is the
-arm's side-group LR); a reference's rerun cell retunes its LR at every other data budget first.
+(scalelab.optbench.timing). A pinned arm's sweep takes its reference's sweep at that size (the baseline's, or the
+one `optimizers.pin_to` names): its tuned LR, decay, betas and embedding LR multiplier are the arm's side group's; a
+reference's rerun cell retunes its LR at every other data budget first.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from scalelab.config import OptBenchConfig, Params, ParamsError
 from scalelab.optim import OPTIMIZERS, spec
-from scalelab.optbench.protocol import lr_key, normal, rerun_jobs, retune_lr, run_name, score, tune
+from scalelab.optbench.protocol import Pin, lr_key, normal, pin_of, rerun_jobs, retune_lr, run_name, score, tune
 from scalelab.optbench.runs import RECIPE, bench_steps, run_params, train_run  # noqa: F401  (the cells' API)
 from scalelab.optbench.timing import step_memory, step_time_ratio, train_step  # noqa: F401
 
@@ -58,17 +59,20 @@ def check_cell(params: Params, optimizer: str, size: str) -> OptBenchConfig:
     return ob
 
 
-def pinned_lr(params: Params, optimizer: str, baseline: dict | None) -> float | None:
-    """The side-group LR of a pinned arm: the baseline's tuned LR at the cell's size, from the baseline's sweep
+def pinned_lr(params: Params, optimizer: str, baseline: dict | None) -> Pin | None:
+    """The side group of a pinned arm (protocol.pin_of: LR, decay, betas, embedding LR multiplier): what its
+    reference (`optimizers.pin_to`, default the baseline) chose at the cell's size, from that reference's sweep
     metrics `baseline` (None for an arm that is not pinned)."""
-    if optimizer not in params.optimizers.pinned:
+    ref = params.optimizers.pinned_to(optimizer)
+    if ref is None:
         return None
     if baseline is None:
-        raise ParamsError(f"{optimizer} is pinned (optimizers.pinned): its sweep needs the baseline's sweep metrics")
-    if baseline.get("best_lr") is None:
-        raise ParamsError(f"{optimizer} is pinned to the baseline's tuned LR, and the baseline's sweep chose none "
-                          "(every run diverged)")
-    return baseline["best_lr"]
+        raise ParamsError(f"{optimizer} is pinned (optimizers.pinned): its sweep needs the {ref} sweep's metrics "
+                          "(the baseline's sweep or its reference's)")
+    if baseline.get("best_lr") is None or baseline.get("best_hp") is None:
+        raise ParamsError(f"{optimizer} is pinned to {ref}'s tuned side-group hyperparameters, and {ref}'s sweep "
+                          "chose none (every run diverged)")
+    return pin_of(params, ref, baseline["best_hp"])
 
 
 def _summary(params: Params, optimizer: str, size: str, runs: list[dict]) -> dict:
@@ -86,7 +90,7 @@ def sweep_cell(params: Params, optimizer: str, size: str, out_dir: Path, shards:
                baseline: dict | None = None) -> dict:
     """The protocol's choice for `optimizer` at `size` (`tune`, every trial over the sweep seeds), then its step time
     against the baseline's and its step's peak memory, each in this process. `baseline`: the baseline's sweep
-    metrics at `size`, which a pinned arm needs (its side-group LR)."""
+    metrics at `size` (of the reference the arm is pinned to), which a pinned arm needs (its side group)."""
     ob = check_cell(params, optimizer, size)
     pin = pinned_lr(params, optimizer, baseline)
     runs: list[dict] = []
@@ -100,8 +104,8 @@ def sweep_cell(params: Params, optimizer: str, size: str, out_dir: Path, shards:
 
     chosen = tune(params, optimizer, trial)
     at = chosen["best_hp"] or None
-    return {**_summary(params, optimizer, size, runs), "sweep_seeds": ob.sweep_seeds,
-            **({"pinned_lr": pin} if pin is not None else {}), **chosen,
+    pinned = {"pinned_lr": pin["lr"], "pinned_side": pin, "pinned_to": ob.pinned_to(optimizer)} if pin else {}
+    return {**_summary(params, optimizer, size, runs), "sweep_seeds": ob.sweep_seeds, **pinned, **chosen,
             **step_time_ratio(params, optimizer, size, shards, at, pin),
             **step_memory(params, optimizer, size, shards, at, pin), "runs": runs}
 
@@ -113,7 +117,7 @@ def seeds_cell(params: Params, optimizer: str, size: str, sweep: dict, out_dir: 
     `rerun_jobs`: the choice on `rerun_seeds`, a reference's at every budget with the LR chosen there, the baseline's
     default recipe, the large-batch reruns. Nothing chosen (every run diverged): no runs."""
     ob = check_cell(params, optimizer, size)
-    best, pin = sweep["best_hp"], sweep.get("pinned_lr")
+    best, pin = sweep["best_hp"], sweep.get("pinned_side") or sweep.get("pinned_lr")
     runs: list[dict] = []
 
     def run(hp: dict, seed: int, budget: float, batch: int = 1) -> dict:
@@ -133,7 +137,7 @@ def seeds_cell(params: Params, optimizer: str, size: str, sweep: dict, out_dir: 
                                   {b: t["best_hp"] for b, t in tunes.items()}, default):
         run(hp, s, b, k)
     return {"optimizer": optimizer, "size": size, "best_lr": sweep["best_lr"], "best_hp": best,
-            **({"pinned_lr": pin} if pin is not None else {}),
+            **({k: sweep[k] for k in ("pinned_lr", "pinned_side", "pinned_to") if k in sweep}),
             **({"budget_tunes": {lr_key(b): t for b, t in tunes.items()}} if tunes else {}), "runs": runs}
 
 

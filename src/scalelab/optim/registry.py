@@ -102,11 +102,12 @@ def build_optimizers(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig)
 
     Scale vectors always get AdamW, whatever the matrices get; a matrix optimizer (Muon, SOAP, GaLore)
     takes only the hidden 2-D matrices, so embeddings, LM head and router go to AdamW too (each family's
-    documented grouping). The AdamW side runs at `cfg.adamw_lr` (None: `cfg.lr`) with the optimizer's betas, eps and
-    decay. The embedding group (token embedding and LM head) runs at `cfg.embedding_lr_mult` × the LR of whichever
+    documented grouping). The AdamW side runs at `cfg.adamw_lr` (None: `cfg.lr`), `cfg.adamw_weight_decay` and
+    `cfg.adamw_betas` (None: the optimizer's decay and betas), with its eps. The embedding group (token embedding and LM head) runs at `cfg.embedding_lr_mult` × the LR of whichever
     optimizer takes it; a family that regroups its parameters and loses that LR is refused."""
     family = spec(cfg.name)
     groups = param_groups(model, cfg, scale)
+    side_wd = cfg.weight_decay if cfg.adamw_weight_decay is None else cfg.adamw_weight_decay
 
     def at(g: dict, lr: float) -> dict:
         g["base_lr"] = g["lr"] = lr * (cfg.embedding_lr_mult if g["name"] == "embedding" else 1.0)
@@ -127,8 +128,12 @@ def build_optimizers(model: nn.Module, cfg: OptimizerConfig, scale: ScaleConfig)
     for g in optimizers[0].param_groups if optimizers else []:  # families that regroup (Adam-mini) keep a base_lr
         g.setdefault("base_lr", cfg.lr)
     if groups:
-        side = OptimizerConfig(name="adamw", lr=side_lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps,
-                               scale_wd_mult=cfg.scale_wd_mult)
+        if side_wd != cfg.weight_decay:  # the side groups' decays (the scale vectors' policy too) at the side's rate
+            own = param_groups(model, cfg.model_copy(update={"weight_decay": side_wd}), scale)
+            for name, g in groups.items():
+                g["weight_decay"] = own[name]["weight_decay"]
+        side = OptimizerConfig(name="adamw", lr=side_lr, weight_decay=side_wd, betas=cfg.adamw_betas or cfg.betas,
+                               eps=cfg.eps, scale_wd_mult=cfg.scale_wd_mult)
         optimizers.append(_adamw([at(g, side_lr) for g in groups.values()], side))
     _check_embedding_lr(optimizers, embedding, cfg)
     return optimizers
