@@ -339,6 +339,31 @@ def test_the_size_study_profile_and_spec_validate():
     assert {g.stage for g in s.grid} >= {"optimizers", "optimizers_seeds"}
 
 
+def test_the_2x2_profile_matches_embeddings_at_1x_chinchilla_with_every_arm_tuned_alike():
+    """configs/optbench-2x2.yaml: {adamw, muon} x {embeddings at adamw's tuned LR, at adamw_emb's}: muon_pinned pinned
+    to adamw, muon_emb to adamw_emb; one size, xxs, at 20 tokens per non-embedding parameter (within 5%); every arm
+    tunes the shared hyperparameters and its LR again after them; 3 held-out seeds; the references over 5 budgets.
+    The spec names it."""
+    from scalelab.config.optbench import SHARED_HPS
+    from scalelab.ledger import studies
+    from scalelab.optbench.data import Bench
+    from scalelab.study import spec
+
+    p = load_params(ROOT / "configs" / "optbench-2x2.yaml")
+    ob = optbench.bench(p)
+    assert ob.arms == ["adamw", "adamw_emb", "muon_pinned", "muon_emb"] and ob.reference_arms == ["adamw", "adamw_emb"]
+    assert {o: ob.pinned_to(o) for o in ob.pinned} == {"muon_pinned": "adamw", "muon_emb": "adamw_emb"}
+    assert {p.optim[o].name for o in ob.pinned} == {"muon"} and ob.sizes == ["xxs"]
+    assert all(set(SHARED_HPS) <= set(ob.second[o]) for o in ob.arms) and ob.lr_last
+    assert len(ob.rerun_seeds) == 3 and len(ob.budgets) == 5 and 1.0 in ob.budgets
+    model = Transformer(p.resolve_model("xxs", ob.variant, vocab_size=p.tokenizer.vocab_size))
+    rest = model.num_params() - Bench.from_params(p).embedding_params["xxs"]
+    tokens = ob.max_steps * p.pretrain.batch_size * p.pretrain.seq_len
+    assert tokens / rest == pytest.approx(20.0, rel=0.05), (tokens, rest)
+    s = spec.load(ROOT, "optbench-2x2")
+    assert s.profile == Path("configs/optbench-2x2.yaml") and studies.generator(s.generator).__name__ == "study"
+
+
 def test_the_study_generator_reads_the_committed_cells(params, tmp_path):
     """`scalelab study` keeps each stage cell as results/<study>/cells/<cell>/ with its metrics at their workspace
     paths and cell.json listing them, and the study's params.yaml beside: the generator reads those (a folder being
