@@ -221,8 +221,8 @@ def test_the_lr_is_chosen_on_the_sweep_seed_and_an_edge_asks_for_the_next_rung(t
     assert '"lrx4-unified-xs-0"' in lines and "held out" not in lines  # no held-out entry until both arms chose
     entries = _by_id(pb.paper_budget(folder))
     e = entries["tuned.unified_helps@xs"]
-    assert e["verdict"].startswith("untested") and not _premise(e, "LR chosen (unified)")["passed"]
-    assert _premise(e, "LR chosen (standard)")["passed"]
+    assert e["verdict"].startswith("untested") and not _premise(e, "LR chosen (unified, xs)")["passed"]
+    assert _premise(e, "LR chosen (standard, xs)")["passed"]
 
 
 def test_the_next_slice_lists_every_variant_at_standards_rung_and_unified_at_its_own(tmp_path):
@@ -244,7 +244,7 @@ def test_an_edge_within_the_held_out_spread_is_interior_and_beyond_it_is_not(tmp
     # the ladder's top rung best: nothing to extend to; interior only if it beats its neighbour within the spread
     top = ("lrx2", "lrx4", "lrx8")
     near = _by_id(pb.paper_budget(_study(tmp_path, sweep=top, best={"standard": "lrx8", "unified": "lrx8"})))
-    premise = _premise(near["tuned.none_hurts@xs"], "LR chosen (standard)")
+    premise = _premise(near["tuned.none_hurts@xs"], "LR chosen (standard, xs)")
     assert not premise["passed"] and "beats its neighbour" in premise["value"], premise
     c = pb.Choice("xs", "standard", {"lrx4": 4.001, "lrx8": 4.0}, {"lrx4": 1.2e-2, "lrx8": 2.4e-2}, "lrx8", None)
     assert c.edge(tolerance=0.003) is None and c.edge(tolerance=0.0005) is not None

@@ -156,9 +156,9 @@ def passes_premise(rows: list[dict]) -> dict:
 
 def lr_premise(choice: Choice, tuned: Cells) -> dict:
     """The arm's LR chosen: the sweep finished and its choice interior within the held-out seeds' spread."""
-    name, need = f"LR chosen ({choice.arm})", ("the sweep finished (best not at an edge of the rungs run that the "
-                                                "ladder extends) and the best rung interior, an edge within the "
-                                                "held-out seeds' std of its neighbour counting as interior")
+    name = f"LR chosen ({choice.arm}, {choice.size})"
+    need = ("the sweep finished (best not at an edge of the rungs run that the ladder extends) and the best rung "
+            "interior, an edge within the held-out seeds' std of its neighbour counting as interior")
     if choice.best is None:
         return claims.premise(name, "no sweep cell", False, need)
     if choice.extend is not None:
