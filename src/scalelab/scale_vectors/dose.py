@@ -29,18 +29,25 @@ ARMS = ("standard", *DOSE_KINDS)
 COLUMNS = {"gamma_in": "gamma_input_mean", "gamma_out": "gamma_output_mean", "gamma_final": "gamma_final_mean"}
 
 
+def varied_optimizer(params: Params, recipe: str, field: str, what: str):
+    """The optimizer entry of `recipe`, which must differ from the base recipe in `optim.<its optimizer>.<field>`
+    alone (a dose varies γ's decay, a rung of the LR ladder the LR); ValueError naming `what` its cells are not."""
+    recipes, base = params.pretrain.recipes, params.pretrain.recipes["base"]
+    mine = recipes[recipe]
+    opt, base_opt = params.optim[mine.optimizer], params.optim[base.optimizer]
+    if (mine.model_copy(update={"optimizer": base.optimizer}) != base
+            or opt.model_copy(update={field: getattr(base_opt, field)}) != base_opt):
+        raise ValueError(f"recipe {recipe!r} differs from the base recipe in more than optim.{mine.optimizer}"
+                         f".{field}: its cells are no {what}")
+    return opt
+
+
 def dose_of(params: Params, recipe: str, variant: str) -> float:
     """The dose of a cell: its recipe's decay on γ over the matrices' (`scale_wd_mult`), 0 for `standard`. ValueError
     for a variant that is no arm, or a recipe that differs from the base recipe in more than that multiplier."""
     if variant not in ARMS:
         raise ValueError(f"cell of variant {variant!r}: the dose-response's arms are {', '.join(ARMS)}")
-    recipes, base = params.pretrain.recipes, params.pretrain.recipes["base"]
-    mine = recipes[recipe]
-    opt, base_opt = params.optim[mine.optimizer], params.optim[base.optimizer]
-    if (mine.model_copy(update={"optimizer": base.optimizer}) != base
-            or opt.model_copy(update={"scale_wd_mult": base_opt.scale_wd_mult}) != base_opt):
-        raise ValueError(f"recipe {recipe!r} differs from the base recipe in more than optim.{mine.optimizer}"
-                         ".scale_wd_mult: its cells are no dose of the same treatment")
+    opt = varied_optimizer(params, recipe, "scale_wd_mult", "dose of the same treatment")
     return 0.0 if variant == "standard" else opt.scale_wd_mult
 
 

@@ -41,6 +41,7 @@ from scalelab.config import Params
 from scalelab.ledger import claims, studies
 from scalelab.ledger.interior import edge
 from scalelab.scale_vectors import claims as claims_a, premises as premises_a, scaling
+from scalelab.scale_vectors.dose import varied_optimizer
 from scalelab.scale_vectors.premises import Cells
 
 STUDY = "sv-paper-budget"
@@ -59,13 +60,7 @@ SESOI = {"loss": claims_a.LOSS_SESOI, "alpha": claims_a.ALPHA_SESOI}
 def rung_lr(params: Params, recipe: str) -> float:
     """The peak lr of a rung. ValueError where the recipe differs from the base recipe in more than its optimizer, or
     its optimizer from the base recipe's in more than lr: a rung varies the LR and nothing else."""
-    recipes, base = params.pretrain.recipes, params.pretrain.recipes["base"]
-    mine = recipes[recipe]
-    opt, base_opt = params.optim[mine.optimizer], params.optim[base.optimizer]
-    if (mine.model_copy(update={"optimizer": base.optimizer}) != base
-            or opt.model_copy(update={"lr": base_opt.lr}) != base_opt):
-        raise ValueError(f"recipe {recipe!r} differs from the base recipe in more than optim.{mine.optimizer}.lr: "
-                         "its cells are no rung of the base recipe's LR ladder")
+    opt = varied_optimizer(params, recipe, "lr", "rung of the base recipe's LR ladder")
     return opt.lr
 
 
