@@ -242,7 +242,9 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
             if failed:
                 raise RuntimeError(f"pipeline stopped: {', '.join(failed)} failed; "
                                    f"{sum(r['status'] == 'not run' for r in results)} stages not run")
-            if left := sorted((changed_stages(root) or set()) & set(order)):  # the invariant of a concurrent run
+            # the invariant of a concurrent run, on the stages that ran (what was up to date, DVC did not touch)
+            ran = [r["stage"] for r in results if r["status"] == "ran"]
+            if ran and (left := sorted((changed_stages(root, ran) or set()) & set(order))):
                 logger.warning(f"DVC still reports changed after this run (edited while it ran?): {', '.join(left)}")
     finally:
         if local:

@@ -225,6 +225,15 @@ def test_selecting_one_matrix_cell_runs_only_it(project):
     assert runs(root)[-1][0] == "c@x"
 
 
+def test_the_status_of_some_stages_is_dvc_status_read_for_them(project):
+    """What the flow reads after a run (the stages it ran, from one index) agrees with `dvc status` of the whole
+    project; here after the selection above left c@y's changed params behind."""
+    root, _, _ = project
+    assert flow_mod.changed_stages(root) == {"c@y"}
+    for only in (STAGES, ["c@x", "c@y"], ["a", "b", "c@x"]):
+        assert flow_mod.changed_stages(root, only) == {"c@y"} & set(only)
+
+
 def test_selection_rules(project):
     root, _, _ = project
     graph = flow_mod.stage_graph(root)

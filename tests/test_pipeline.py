@@ -216,8 +216,8 @@ def test_changing_one_variant_reruns_only_its_cells(built, prefect_harness, monk
 def _(monkeypatch):  # a changed cell reruns every cell of its matrix stage, as if the matrix were one stage
     real_changed, real_stream, whole = flow_mod.changed_stages, flow_mod._stream, set()
 
-    def changed_stages(root):
-        found = real_changed(root)
+    def changed_stages(root, targets=None):
+        found = real_changed(root, targets)
         if found:
             matrices = {s.split("@")[0] for s in found if "@" in s}
             whole.update(s for s in flow_mod.stage_graph(root) if s.split("@")[0] in matrices)
