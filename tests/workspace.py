@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,12 +103,16 @@ def workspace_env(ws: Path) -> dict[str, str]:
 
 
 def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[str, str]:
-    """The code of `code` as it is now (tracked or not, without results) in a fresh git repo at `ws`, with `params`
+    """The code of `code` as it is now (tracked or not, without the studies' cells) in a fresh git repo at `ws`, with `params`
     as params.yaml; returns the environment its stages run in: its own root and MLflow store, this venv first on
     PATH, and its src/ first on PYTHONPATH (stages import that copy's library, not the installed one)."""
     listed = subprocess.run(["git", "ls-files"], cwd=code, capture_output=True, text=True).stdout.split()
+    # the committed studies' parts that no stage reads (.dvcignore's results/ lines: their cells, stores, diagnostics):
+    # ~2,500 files that every git command and DVC experiment copy here would handle; their ledgers stay (the report's)
+    unread = [line.strip() + "*" for line in (code / ".dvcignore").read_text().splitlines()
+              if line.startswith("results/")]
     for rel in [*listed, "stages", "src", "corpus", "dvc.yaml", ".dvc/config", ".dvcignore"]:
-        if rel.startswith(("metrics/", "plots/", "data/")) or rel == "dvc.lock":
+        if rel.startswith(("metrics/", "plots/", "data/")) or rel == "dvc.lock" or any(fnmatch(rel, u) for u in unread):
             continue
         src = code / rel
         if src.is_dir():
@@ -119,8 +124,8 @@ def workspace_copy(ws: Path, params: Path = MICRO, code: Path = ROOT) -> dict[st
 
     (ws / "params.yaml").write_text(profiles.complete_text(params))  # an overlay profile composed, as a switch writes it
     env = workspace_env(ws)
-    # Objects stored uncompressed (zlib level 0; git reads them as any other): compressing the ~2,600 files (results/
-    # ~49 MB) at git's default level was about a third of this function's CPU
+    # Objects stored uncompressed (zlib level 0; git reads them as any other): compressing them at git's default level
+    # was about a third of this function's CPU
     git = ["git", "-c", "core.compression=0"]
     for cmd in (["git", "init", "-q"], [*git, "add", "-A"],
                 [*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
