@@ -42,7 +42,8 @@ def changed_stages(root: Path, only: list[str] | None = None) -> set[str] | None
         with Repo(str(root)) as repo:
             if only is None:
                 return set(repo.status())
+            wanted = set(only)
             with repo.lock:  # as DVC's own status holds it
-                return {s.addressing for s in repo.index.stages if s.addressing in set(only) and s.status()}
+                return {s.addressing for s in repo.index.stages if s.addressing in wanted and s.status()}
     except Exception:
         return None
