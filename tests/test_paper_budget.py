@@ -19,7 +19,7 @@ from scalelab.config import parse_params
 from scalelab.config.params import read_yaml
 from scalelab.config.machine import split
 from scalelab.ledger import claims
-from scalelab.scale_vectors import paper_budget as pb, premises as premises_a
+from scalelab.scale_vectors import budget_tables, paper_budget as pb, premises as premises_a
 from scalelab.study import costs, spec as study_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,13 +172,23 @@ def test_the_ledger_decides_each_claim_at_each_size_with_both_counts_its_premise
 
 def test_the_readmes_tables_show_each_claim_at_each_size_and_each_arms_sweep(tmp_path):
     folder = _study(tmp_path)
-    table = pb.size_table(pb.paper_budget(folder)).splitlines()
+    table = budget_tables.size_table(pb.paper_budget(folder)).splitlines()
     assert table[0] == "| claim (δ) | xxs | xs | s |"
     none = next(row for row in table if row.startswith("| no scale vectors"))
     assert none.count("**reproduced**") == 3 and "(0.01)" in none
     assert table[-1].startswith("| unified scales better") and "not identified" in table[-1]
-    sweep = pb.tuning_table(folder / "cells").splitlines()
+    sweep = budget_tables.tuning_table(folder / "cells").splitlines()
     assert len(sweep) == 2 + len(COUNTS) * len(pb.ARMS) and all(row.endswith("| lrx1 |") for row in sweep[2:])
+
+
+def test_the_loss_table_gives_each_variants_held_out_mean_per_size_and_says_three_sizes_identify_no_fit(tmp_path):
+    folder = _study(tmp_path)
+    rows = {r.split(" | ")[0][2:]: r for r in budget_tables.loss_table(folder / "cells").splitlines()[2:]}
+    assert set(rows) == set(VARIANTS)
+    mean = sum(_loss("none", "xs", "lrx1", s, "lrx1", None) + 0.05 for s in (1, 2, 3)) / 3  # the default gain of none
+    xs = rows["none"].split(" | ")[2]
+    assert xs.startswith(f"{mean:.4f} ± ") and f"(3; N {COUNTS['xs'][1]:,})" in xs, xs
+    assert all("not identified (dof 0" in r for r in rows.values())  # 3 sizes, 3 parameters
 
 
 def test_an_effect_inside_the_smallest_effect_contradicts(tmp_path):

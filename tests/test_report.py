@@ -115,6 +115,21 @@ def test_the_report_shows_the_committed_studies_beside_this_run(studies):
     assert "Committed study a-study (profile configs/cpu-study.yaml" in page
 
 
+def test_a_reference_study_stays_in_the_tables_but_off_its_papers_card(tmp_path):
+    from scalelab.ledger import cards, studies as committed
+
+    small = [_claim("base.none_hurts", "base: none is worse than standard", "val_loss", [0.07, 0.08, 0.06], "+0.1")]
+    near = [_claim("tuned.none_hurts@s", "tuned: none is worse at s", "val_loss", [0.05, 0.06, 0.04], "+0.1")]
+    _study(tmp_path, "a-small-budget", small)
+    _study(tmp_path, "b-paper-budget", near)
+    meta = tmp_path / "results/a-small-budget/study.json"
+    meta.write_text(json.dumps(json.loads(meta.read_text()) | {"reference": "a small budget"}))
+    found = committed.committed_studies(tmp_path / "results")
+    card = cards.cards(found, tmp_path / "results", tmp_path)[0]
+    assert [study for study, _ in card.rows] == ["b-paper-budget"]
+    assert "1 reproduced (reference: a small budget)" in committed.studies_table(tmp_path / "results")
+
+
 def test_the_readme_table_lists_what_the_studies_decided(studies):
     from scalelab.ledger.studies import decided_table
 

@@ -1,7 +1,7 @@
 """The report's first screen: one card per paper (its headline claims, each with the verdict of the committed study
 that measured it, the premises and regime behind that verdict, and one figure), so a reader sees what is decided
 before any table. Which claims are a study's headline is the study's own choice (study.json `headline`: ledger ids);
-a study that names none shows its decided entries first. A card shows at most PER_CARD rows, numbered, the decided
+a study that names none shows its decided entries first; a study kept as a `reference` (another regime) is left off. A card shows at most PER_CARD rows, numbered, the decided
 first, then each study's first in turn, and counts the rest. Its figure is those rows drawn at the card's width
 (figures.effects: each effect with its spread against zero and the paper's), so it reads at its own size on a
 laptop; a study's own figure (study.json `figure`) would shrink to a thumbnail there, so it is a link beside it.
@@ -64,7 +64,7 @@ def cards(studies: list[dict], results: Path, out: Path) -> list[Card]:
     for key, (title, sources) in PAPERS.items():
         card, rows = Card(key, title, sources), []
         for s in studies:
-            if s["method"] != key or s["entries"] is None or s.get("superseded"):
+            if s["method"] != key or s["entries"] is None or s.get("superseded") or s.get("reference"):
                 continue
             rows += [(rank, s["name"], e) for rank, e in enumerate(headline(s))]
             if card.study_figure is None and s.get("figure") and (results / s["name"] / s["figure"]).is_file():

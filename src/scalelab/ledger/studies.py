@@ -30,7 +30,9 @@ from scalelab.ledger.tables import md_table
 
 STUDY = "study.json"
 STUDY_FIELDS = ("name", "profile", "seeds", "commit", "command", "wall_time_s", "ledger")
-OPTIONAL_FIELDS = ("generator", "superseded", "headline", "figure")  # the last two: the report's cards
+# `headline` and `figure` shape the report's cards; `reference` (why) keeps a study of another regime in the tables
+# but off its paper's card, which reads the study nearer the paper's regime
+OPTIONAL_FIELDS = ("generator", "superseded", "headline", "figure", "reference")
 LEDGER = re.compile(r"(?:[\w.-]+/)*claims_([a-d])\.json")  # the ledger's file name says its method
 DECIDED = (ledger_rules.REPRODUCED, ledger_rules.CONTRADICTED)
 TABLE_ONLY = "a table, no claims (its README)"  # the `problem` of a finished study whose spec names no ledger
@@ -162,7 +164,7 @@ def studies_frame(studies: list[dict]) -> pl.DataFrame:
         if s["entries"] is None:
             return f"no ledger: {s['problem']}"
         counts = ", ".join(f"{n} {v}" for v, n in sorted(Counter(map(verdict_of, s["entries"])).items()))
-        return counts + (f" (superseded: {s['superseded']})" if s.get("superseded") else "")
+        return counts + "".join(f" ({k}: {s[k]})" for k in ("superseded", "reference") if s.get(k))
 
     return pl.DataFrame([{"study": s["name"], "method": s["method"] or "–", "profile": s.get("profile", "–"),
                           "seeds": len(s["seeds"]) if isinstance(s.get("seeds"), list) else None,

@@ -312,46 +312,6 @@ def next_slice(folder: Path) -> list[str]:
     return lines
 
 
-def tuning_table(cells_dir: Path) -> str:
-    """The sweep at a glance (the README's generated block): per size and arm each rung's loss, the choice."""
-    params, cells, choices = read(Path(cells_dir).parent)
-    rungs = [r for r, _ in ladder(params)]
-    rows = [f"| size | arm | {' | '.join(rungs)} | chosen |", "|---" * (len(rungs) + 3) + "|"]
-    for (size, arm), c in choices.items():
-        vals = [f"{c.scores[r]:.4f}" if r in c.scores else "" for r in rungs]
-        state = c.best if c.extend is None else f"extend to {c.extend}"
-        rows.append(f"| {size} | {arm} | {' | '.join(vals)} | {state or '–'} |")
-    return "\n".join(rows)
-
-
-def size_table(entries: list[dict]) -> str:
-    """The ledger at a glance (the README's generated block): one row per claim, one column per size, each cell the
-    effect ± spread and verdict, an untested one with the premises that failed; the exponent's row last."""
-    sizes = list(dict.fromkeys(e["id"].split("@")[1] for e in entries if "@" in e["id"]))
-    by_id = {e["id"]: e for e in entries}
-    keys = list(dict.fromkeys(e["id"].split("@")[0].split(".", 1)[1] for e in entries if "@" in e["id"]))
-
-    def cell(e: dict | None) -> str:
-        if e is None:
-            return ""
-        why = ", ".join(p["name"] for p in claims.failed(e["premises"]))
-        num = "" if e["effect"] is None else f"{e['effect']:+.4f}" + ("" if e["spread"] is None else
-                                                                       f" ± {e['spread']:.4f}") + " "
-        return f"{num}**{claims.verdict_of(e)}**" + (f" ({why})" if why else "")
-
-    rows = [f"| claim (δ) | {' | '.join(sizes)} |", "|---" * (len(sizes) + 1) + "|"]
-    for key in keys:
-        first = by_id[f"{TUNED}.{key}@{sizes[0]}"]
-        label = claims_a.LABELS.get(key, key)
-        rows.append(f"| {label} ({first['smallest_effect']:g}) | "
-                    f"{' | '.join(cell(by_id.get(f'{TUNED}.{key}@{s}')) for s in sizes)} |")
-    alpha = by_id.get(f"{TUNED}.alpha_unified")
-    if alpha:
-        rows.append(f"| {claims_a.LABELS['alpha_unified']} ({alpha['smallest_effect']:g}), over the sizes | "
-                    f"{alpha['verdict']} |" + " |" * (len(sizes) - 1))
-    return "\n".join(rows)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     name = args[0] if args else STUDY
