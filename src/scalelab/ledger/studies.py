@@ -6,7 +6,8 @@ an error.
 Every ledger is re-derivable: study.json's `generator` names a library function `fn(folder) -> entries` that rebuilds
 the ledger from the study's committed raw per-cell metrics by today's code (`regenerate`); tests/test_ledgers.py
 compares each with the committed file, and `python -m scalelab.ledger.studies --write results/<study>` rewrites it.
-A study whose raw metrics today's code cannot read says so in `superseded`, and stays out of the decided table.
+A study whose raw metrics today's code cannot read says so in `superseded`, and one kept as the reference of another
+regime (a smaller budget) says so in `reference`: both stay out of the decided table and off the cards.
 """
 
 from __future__ import annotations
@@ -186,14 +187,20 @@ def _main_entries(s: dict) -> list[dict]:
     return [e for e in s["entries"] if e["id"].split("@")[0] not in pooled or "@" not in e["id"]]
 
 
+def _live(s: dict) -> bool:
+    """A study the tables of decided and untested claims read: it has a ledger, and is neither superseded nor kept as
+    a reference of another regime (those are named under the tables, with their counts)."""
+    return s["entries"] is not None and not s.get("superseded") and not s.get("reference")
+
+
 def decided_table(results: Path) -> str:
     """What the committed studies decided (README), grouped by verdict: the reproduced and the contradicted claims
     with their effect beside the paper's, their smallest effect of interest ("post hoc" where it was chosen after the
     study's cells ran), their regime and study; then how many claims a failed premise left untested (their table:
-    `untested_table`). Inconclusive entries are counted per study below; superseded studies and
-    folders without a ledger are named there and decide nothing."""
+    `untested_table`). Inconclusive entries are counted per study below; superseded and reference studies and
+    folders without a ledger are named there and decide nothing here."""
     studies = committed_studies(results)
-    live = [s for s in studies if s["entries"] is not None and not s.get("superseded")]
+    live = [s for s in studies if _live(s)]
     rows = {v: [(s, e) for s in live for e in _main_entries(s) if verdict_of(e) == v]
             for v in (*DECIDED, ledger_rules.UNTESTED)}
     out = []
@@ -219,8 +226,10 @@ def decided_table(results: Path) -> str:
         main = _main_entries(s)
         counts = Counter(map(verdict_of, main))
         summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-        if s.get("superseded"):
-            notes.append(f"{study_label(s)}: superseded ({s['superseded']}); not in the tables ({summary})")
+        if s.get("superseded") or s.get("reference"):
+            why = "superseded" if s.get("superseded") else "reference"
+            notes.append(f"{study_label(s)}: {why} ({s[why]}); not in the tables ({summary}; every entry: "
+                         f"results/{s['name']}/{s['ledger']})")
         else:
             notes.append(f"{study_label(s)}: {summary} (every entry: results/{s['name']}/{s['ledger']})")
     notes += [f"{name}: retired ({why}); read it at commit {RETIRED_AT} (`git show {RETIRED_AT}:results/{name}/README.md`)"
@@ -232,7 +241,7 @@ def untested_table(results: Path) -> str:
     """The claims a failed premise left untested (docs/workflow.md), grouped by study and failed premise (a claim
     counts under each premise it fails): how many claims it leaves untested and its measured values, each cut at its
     first parenthesis; every claim's own row, with the whole value and the premise's need, is in the study's ledger."""
-    live = [s for s in committed_studies(results) if s["entries"] is not None and not s.get("superseded")]
+    live = [s for s in committed_studies(results) if _live(s)]
     groups: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
     for s in live:
         for e in _main_entries(s):
