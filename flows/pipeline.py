@@ -198,7 +198,9 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     # Params are checked before any stage touches its outs by the DAG's head stage `validate` (scalelab.pipeline.check),
     # which every stage depends on: when it fails, every other task ends NotReady.
     graph = stage_graph(root)
-    order, changed = select(graph, targets, downstream), changed_stages(root)
+    order = select(graph, targets, downstream)
+    # a selection reads the status of its own stages only (a study's cells: a few of the DAG's hundreds)
+    changed = changed_stages(root, order if targets else None)
     workers = workers or placement.default_workers()
     runner = FlowRunContext.get().task_runner
     local = isinstance(runner, ThreadPoolTaskRunner)

@@ -410,10 +410,14 @@ def _built_study(build, base: Path, folder: Path, monkeypatch) -> tuple[dict[str
 
 @pytest.mark.slow
 def test_a_study_killed_mid_cell_finishes_from_a_fresh_clone_without_recomputing(tmp_path, prefect_db, micro_build,
-                                                                                  monkeypatch):
+                                                                                  prefect_harness, monkeypatch):
+    from prefect.settings import PREFECT_API_URL
+
     rng = random.Random(7)
     base = tmp_path / "base"
-    env = _project(base)
+    # the study's flows report to the test run's one Prefect server (the kill takes only the study's own tree): a
+    # temporary server of their own, started by each of the three flows, is test_flow's and test_crash's subject
+    env = _project(base) | {"PREFECT_API_URL": PREFECT_API_URL.value()}
     mlflow = seed_mlflow_store(tmp_path / "mlflow.db")  # the two clones' one store
 
     # the uninterrupted run: the micro DAG's build, where each of the three cells ran
