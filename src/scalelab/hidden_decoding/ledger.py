@@ -54,6 +54,14 @@ SOLVE_SESOI = ledger.Sesoi(
     "seeds than its reference fails it in most seeds where the positive control solves it in every seed (its "
     "premise): not a capability a run can rely on; a convention, measured on no study",
     declared_on=DECLARED, post_hoc_for=("hd-parity", "hd-parity-hints", "hd-parity-hints-8k"))
+# The margin of "SFA keeps ≥ 80% of full attention's gain" (a non-inferiority claim: gain(SFA) − 0.8·gain(full) ≥
+# −margin), declared 2026-12-06 after hd-cpt-xs's backbones (its pretrain cells) ran and before any of its Hidden
+# Decoding cells. At LOSS_SESOI the margin let SFA gain nothing beside a full-attention gain up to 0.0125 and still
+# read "keeps 80%": the margin of a fraction must be a fraction of the gain it is taken of.
+SFA_MARGIN = ledger.Sesoi(
+    0.002, "0.002 nats: the 20% of the smallest gain of interest (0.01) that the claim's 80% lets SFA fall short by; "
+    "a larger shortfall is more than the claim allows at the smallest gain worth having; measured on no study",
+    declared_on="2026-12-06T15:33:40+00:00", post_hoc_for=("hd-cpt-xs",))
 
 
 def roles(hd: HiddenDecodingConfig) -> dict[str, dict[int, str]]:
@@ -207,8 +215,9 @@ def claims(cmp: dict[str, dict[int, list[float]]], setting: Setting, sfa_fractio
            level: float = 0.95) -> list[dict]:
     """Ledger entries (scalelab.ledger.claims): n beats n=1, and gains grow with n, at equal tokens and at equal
     FLOPs; full attention beats n=1; SFA keeps `sfa_fraction` of full attention's gain; separate tables beat tied
-    ones. Each with its regime and premises (`setting`); a growth claim also needs the smaller n's gain shown, an
-    SFA claim full attention's."""
+    ones. Each with its regime and premises (`setting`); an SFA claim also needs full attention's gain shown (a
+    fraction of no gain is no claim). A growth claim is decided on gain(larger n) − gain(smaller n) alone: the
+    smaller n's own gain is that claim's outcome, not a premise of the growth."""
     out = []
 
     def entry(id, text, metric, diffs, published, n, kind, treated, extra=()):
@@ -216,8 +225,8 @@ def claims(cmp: dict[str, dict[int, list[float]]], setting: Setting, sfa_fractio
         # effect does not matter, so it contradicts only below −δ (read as superiority, SFA equal to full attention
         # would contradict it)
         return ledger.claim(id, text, metric, diffs, published, level, regime=setting.regime(n),
-                            premises=[*setting.premises(kind, treated), *extra], smallest_effect=LOSS_SESOI,
-                            non_inferiority=kind == "sfa")
+                            premises=[*setting.premises(kind, treated), *extra],
+                            smallest_effect=SFA_MARGIN if kind == "sfa" else LOSS_SESOI, non_inferiority=kind == "sfa")
 
     for key, where in (("gain_tokens", "equal tokens"), ("gain_flops", "equal FLOPs")):
         gains, tag = cmp[key], key.split("_")[1]
@@ -228,10 +237,9 @@ def claims(cmp: dict[str, dict[int, list[float]]], setting: Setting, sfa_fractio
         ns = sorted(gains)
         for lo, hi in zip(ns, ns[1:]):
             grow = [b - a for a, b in zip(gains[lo], gains[hi])]
-            ref = hdp.shown(f"gain at n = {lo}", gains[lo], level, f"n = {lo} gains over n = 1 at {where}")
             out.append(entry(f"C.grows.{tag}.n{lo}-n{hi}", f"the gain grows with n at {where}: n = {hi} beats n = {lo}",
                              f"gain(n={hi}) − gain(n={lo})", grow, published, hi, "grows",
-                             [("base", lo), ("base", hi)], [ref]))
+                             [("base", lo), ("base", hi)]))
     for n, gains in sorted(cmp.get("gain_warm", {}).items()):
         out.append(entry(f"C.gain.warm.n{n}", f"n = {n} after a table-only warm-up lowers val loss vs n = 1 at equal "
                          "tokens", "val_loss(n=1) − val_loss(n, warm-up)", gains, PUBLISHED, n, "gain", [("warm", n)]))

@@ -12,8 +12,8 @@ Two kinds of run, two sets of premises:
   every continued pretraining, that n > 1 has recovered whatever step-0 gap it had (`recovered`, with an absolute
   floor) and that its cross-stream mixing acts (`mixing_acts`: the end-of-run loss with the mixing switched off
   differs from the trained model's, a function-level check that holds for an open and a gated start alike).
-Claim-specific: a growth or SFA claim is testable only where the gain it is measured against is there (`shown`), and
-separate tables only act once they have moved apart (`tables_diverged`).
+Claim-specific: an SFA claim (a fraction of full attention's gain) is testable only where that gain is there
+(`shown`), and separate tables only act once they have moved apart (`tables_diverged`).
 """
 
 from __future__ import annotations
