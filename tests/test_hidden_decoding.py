@@ -674,6 +674,29 @@ def test_summary_pairs_cells_by_role_and_seed(tmp_path):
         hdr.collect(tmp_path, cfg)
 
 
+def test_the_arm_table_reads_each_arms_loss_gain_start_mixing_and_flops_from_its_cells():
+    """The study README's arm table (hidden_decoding.arms): n = 2 at 0.05 below n = 1 in every seed (seed offsets
+    cancel in the pairing), its largest step-0 gap in absolute value, its mixing-off cost, its FLOPs over n = 1's
+    measured from the cells; n = 1 has no gain and no gap of its own."""
+    from scalelab.hidden_decoding import arms
+    from scalelab.hidden_decoding import ledger as hdr
+
+    cfg = HiddenDecodingConfig(cells={"n1": {}, "n2": {"n_streams": 2}}, grid=["n1", "n2"], seeds=[0, 1, 2])
+    start = {0: 0.001, 1: -0.003, 2: 0.002}
+    cells = {"n1": {s: {"val_loss": 3.0 + 0.1 * s, "val_loss_start": 3.5, "flops": 100.0, "passes": 1.0,
+                        "wall_s": 60.0} for s in cfg.seeds},
+             "n2": {s: {"val_loss": 2.95 + 0.1 * s, "val_loss_start": 3.5 + start[s], "flops": 148.0, "passes": 1.0,
+                        "wall_s": 120.0, "val_loss_mixing_on": 2.95 + 0.1 * s,
+                        "val_loss_mixing_off": 3.0 + 0.1 * s + 0.01 * s} for s in cfg.seeds}}
+    one, two = arms.rows(cells, cfg)
+    assert one["gain"] == [] and one["start_gap"] is None and one["flops_ratio"] == 1.0
+    assert two["gain"] == pytest.approx([0.05] * 3) and two["start_gap"] == pytest.approx(-0.003)
+    assert two["mixing"] == pytest.approx([0.05, 0.06, 0.07]) and two["flops_ratio"] == pytest.approx(1.48)
+    assert (two["wall_min"], two["passes"]) == (2.0, 1.0)
+    assert arms._interval([0.05, 0.06, 0.07], 0.95) == f"+0.0600 ± {4.303 * 0.01 / 3 ** 0.5:.4f}"
+    assert hdr.trained(cfg) == ["n1", "n2"]
+
+
 def _probe_setting(premises=()):
     from scalelab.hidden_decoding import ledger as hdr
 
