@@ -1,6 +1,7 @@
 """The DVC pipeline as the flow sees it (flows/pipeline.py): DVC's stage graph, the stages a target selects (as
 `dvc repro` would), and what `dvc status` reports changed."""
 
+import contextlib
 from pathlib import Path
 
 import networkx as nx
@@ -8,9 +9,14 @@ from dvc.repo import Repo
 from dvc.stage import PipelineStage
 
 
-def stage_graph(root: Path) -> nx.DiGraph:
+def _repo(root: Path, repo: Repo | None):
+    """`repo` itself when given (the caller's open repository and its index, read once), else one opened here."""
+    return contextlib.nullcontext(repo) if repo is not None else Repo(str(root))
+
+
+def stage_graph(root: Path, repo: Repo | None = None) -> nx.DiGraph:
     """DVC's pipeline stages by address (`name`, `name@cell`), edges from a stage to the stages it needs, `outs`."""
-    with Repo(str(root)) as repo:
+    with _repo(root, repo) as repo:
         stages = [s for s in repo.index.stages if isinstance(s, PipelineStage)]
         graph = repo.index.graph.subgraph(stages)
         named = nx.relabel_nodes(graph, {s: s.addressing for s in stages})
@@ -34,12 +40,12 @@ def select(graph: nx.DiGraph, targets: list[str] | None = None, downstream: bool
     return [s for s in nx.lexicographical_topological_sort(graph.reverse()) if s in chosen]
 
 
-def changed_stages(root: Path, only: list[str] | None = None) -> set[str] | None:
+def changed_stages(root: Path, only: list[str] | None = None, repo: Repo | None = None) -> set[str] | None:
     """The stages `dvc status` reports changed, of `only` when given (their status alone, read from the one index:
     DVC's own targets would read dvc.yaml again for each); None when it cannot tell (then every stage goes through
-    DVC)."""
+    DVC). `repo`: an open repository whose index is current (the flow's, just read for its graph)."""
     try:
-        with Repo(str(root)) as repo:
+        with _repo(root, repo) as repo:
             if only is None:
                 return set(repo.status())
             wanted = set(only)

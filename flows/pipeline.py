@@ -57,6 +57,7 @@ import yaml
 from prefect import allow_failure, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from dvc.repo import Repo
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 from prefect.states import Cancelled
@@ -197,10 +198,11 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
         logger.info(f"params.yaml <- {params_file}")
     # Params are checked before any stage touches its outs by the DAG's head stage `validate` (scalelab.pipeline.check),
     # which every stage depends on: when it fails, every other task ends NotReady.
-    graph = stage_graph(root)
-    order = select(graph, targets, downstream)
-    # a selection reads the status of its own stages only (a study's cells: a few of the DAG's hundreds)
-    changed = changed_stages(root, order if targets else None)
+    with Repo(str(root)) as repo:  # one index for the graph and the status (each read of it parses dvc.yaml)
+        graph = stage_graph(root, repo)
+        order = select(graph, targets, downstream)
+        # a selection reads the status of its own stages only (a study's cells: a few of the DAG's hundreds)
+        changed = changed_stages(root, order if targets else None, repo=repo)
     workers = workers or placement.default_workers()
     runner = FlowRunContext.get().task_runner
     local = isinstance(runner, ThreadPoolTaskRunner)

@@ -312,7 +312,7 @@ def test_a_params_key_dvc_cannot_find_is_tried_once(project, monkeypatch):
         return real_stream(cmd, cwd, env, stage, logger)
 
     monkeypatch.setattr(flow_mod, "_stream", stream)
-    monkeypatch.setattr(flow_mod, "changed_stages", lambda root, only=None: None)  # DVC's status fails on the same key
+    monkeypatch.setattr(flow_mod, "changed_stages", lambda root, only=None, repo=None: None)  # DVC's status fails on the same key
     try:
         state = flow_mod.pipeline(targets=["c@y"], return_state=True)
     finally:

@@ -46,7 +46,7 @@ def test_the_flow_builds_every_stage_once_then_nothing(built):
     statuses = {r["stage"]: r["status"] for r in build.statuses}
     stages = set(yaml.safe_load((ws / "dvc.lock").read_text())["stages"])
     assert {"prepare", "tokenizer", "tokenize", "scaling", "pretrain@unified-c-0", "pretrain_recipe@muon-standard-a-0",
-            "optimizers@muon-b", "leaderboard", "compress@0", "hidden_decoding@n2-0",
+            "optimizers@muon-a", "leaderboard", "compress@0", "hidden_decoding@n2-0",
             "evaluate@unified-c-0", "report"} <= stages
     assert set(statuses) == stages and set(statuses.values()) == {"ran"}  # every stage, each once, in dvc.lock
     # the cells learned: validation loss clearly below a uniform guess, ln(vocab)
@@ -216,8 +216,8 @@ def test_changing_one_variant_reruns_only_its_cells(built, prefect_harness, monk
 def _(monkeypatch):  # a changed cell reruns every cell of its matrix stage, as if the matrix were one stage
     real_changed, real_stream, whole = flow_mod.changed_stages, flow_mod._stream, set()
 
-    def changed_stages(root, targets=None):
-        found = real_changed(root, targets)
+    def changed_stages(root, targets=None, repo=None):
+        found = real_changed(root, targets, repo)
         if found:
             matrices = {s.split("@")[0] for s in found if "@" in s}
             whole.update(s for s in flow_mod.stage_graph(root) if s.split("@")[0] in matrices)
