@@ -369,14 +369,16 @@ def test_the_study_generator_reads_the_committed_cells(params, tmp_path):
     paths and cell.json listing them, and the study's params.yaml beside: the generator reads those (a folder being
     replaced, ".old-…", is not read) and gives the ledger the same cells give in memory."""
     import json
-    import shutil
 
+    import yaml
     from conftest import MICRO
 
     from scalelab.optbench import claims as claims_b
 
     bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
-    shutil.copy(MICRO, tmp_path / "params.yaml")
+    raw = yaml.safe_load(MICRO.read_text())
+    raw["optimizers"]["sizes"] = list(bench.sizes)  # the study ran the synthetic cells' sizes
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     for (opt, size), c in cells.items():
         held = {f"r{i}": r for i, r in enumerate(runs) if r["optimizer"] == opt and r["size"] == size}
         for kind, body in (("sweep", c), ("seeds", {"optimizer": opt, "size": size, "runs": held})):

@@ -465,7 +465,7 @@ def _synthetic(params, opt_tokens_equiv, edge=False, muon_lr=None):
     the other optimizer at 1000 tokens reaching the loss the law gives at `opt_tokens_equiv[seed]` tokens. Each
     cell's choice came from a 3-point LR grid on two sweep seeds, interior unless `edge` (muon's LR at the top);
     `muon_lr`: muon's chosen LR (default: its centre)."""
-    sub = _bench_params(params, optimizers=["adamw", "muon"])
+    sub = _bench_params(params, optimizers=["adamw", "muon"], sizes=["a", "b"])  # two sizes: the trend over sizes
     bench = Bench.from_params(sub)
     cells, runs = {}, []
     for opt in bench.optimizers:
