@@ -130,8 +130,7 @@ def test_a_reference_study_stays_in_the_tables_but_off_its_papers_card(tmp_path)
     assert "1 reproduced (reference: a small budget)" in committed.studies_table(tmp_path / "results")
     decided = committed.decided_table(tmp_path / "results")  # the README's: the study nearer the paper's regime
     assert "| tuned: none is worse at s |" in decided and "| base: none is worse" not in decided
-    assert "a-small-budget (profile configs/cpu-study.yaml, seeds 0, 1, 2, commit 951c18e): reference (a small " \
-           "budget); not in the tables (1 reproduced" in decided
+    assert "a-small-budget: reference (a small budget); not in the tables (1 reproduced" in decided
 
 
 def test_the_readme_table_lists_what_the_studies_decided(studies):

@@ -2,7 +2,8 @@
 before the ledger's verdicts (the hd-cpt-xs study's README).
 
 Per trained cell, over its seeds: the held-out last-stream loss (mean and the half-width of its t interval), the gain
-over n = 1 paired by seed (loss(n = 1) − loss(cell), the claims' metric), the step-0 gap to n = 1 (the start premise's
+over n = 1 paired by seed (loss(n = 1) − loss(cell), the claims' metric), the gain over n = 1 given the cell's FLOPs as
+tokens (the ledger's equal-FLOPs rows are observations: the paper makes no such claim), the step-0 gap to n = 1 (the start premise's
 reading: the largest over seeds in absolute value), the loss with the cross-stream mixing switched off minus the
 trained model's (the mixing-acts premise's reading), the training FLOPs over n = 1's (measured: each cell's FLOPs per
 token × its tokens), the passes over the training stream and the cell's wall time.
@@ -28,8 +29,10 @@ def _interval(values: list[float], level: float) -> str:
 
 def rows(cells: dict[str, dict[int, dict]], hd) -> list[dict]:
     """One row per trained cell of the grid (`cells`: hidden_decoding.ledger.collect's), in grid order."""
-    base1 = hdr.roles(hd)["base"].get(1)
+    r = hdr.roles(hd)
+    base1 = r["base"].get(1)
     one = cells.get(base1, {})
+    control = {cell: r["control"][n] for n, cell in r["base"].items() if n in r["control"]}
     out = []
     for cell in hdr.trained(hd):
         by_seed = cells.get(cell, {})
@@ -49,6 +52,8 @@ def rows(cells: dict[str, dict[int, dict]], hd) -> list[dict]:
             "flops_of": c.flops_of.n_streams if c.flops_of else None, "seeds": len(ms),
             "val_loss": [m["val_loss"] for m in ms],
             "gain": [] if cell == base1 else [one[s]["val_loss"] - by_seed[s]["val_loss"] for s in shared],
+            # at equal FLOPs: loss(n = 1 given this cell's FLOPs as tokens) − loss(cell), paired by seed
+            "gain_flops": hdr.paired(cells, control[cell], cell) if cell in control and control[cell] in cells else [],
             "start_gap": max(starts, key=abs) if starts and cell != base1 else None,
             "mixing": mixing, "flops_ratio": statistics.fmean(flops) if flops else None,
             "passes": statistics.fmean(m["passes"] for m in ms) if all(m.get("passes") for m in ms) else None,
@@ -69,15 +74,17 @@ def arm_table(cells_dir: Path) -> str:
     hd_done = hd.model_copy(update={"grid": [c for c in hd.grid if c in grid or hd.cells[c].forward_only]})
     level = hd.claims.level
     lines = [f"| cell | n | attention | FLOPs of | seeds | held-out loss (± {level:.0%} t) | gain over n = 1 | "
-             "step-0 gap (largest) | mixing off − on | FLOPs / n = 1 | passes | min a cell |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "at equal FLOPs | step-0 gap (largest) | mixing off − on | FLOPs / n = 1 | passes | min a cell |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows(hdr.collect(files, hd_done), hd_done):
         gap = "–" if r["start_gap"] is None else f"{r['start_gap']:+.4f}"
         fl = "–" if r["flops_ratio"] is None else f"{r['flops_ratio']:.2f}"
         passes = "–" if r["passes"] is None else f"{r['passes']:.2f}"
         wall = "–" if r["wall_min"] is None else f"{r['wall_min']:.1f}"
-        lines.append(f"| {r['cell']} | {r['n_streams']} | {r['attention']} | "
+        attention = r["attention"] if r["n_streams"] > 1 else "–"  # one stream: nothing to attend across
+        lines.append(f"| {r['cell']} | {r['n_streams']} | {attention} | "
                      f"{'n = ' + str(r['flops_of']) if r['flops_of'] else '–'} | {r['seeds']} | "
-                     f"{_interval(r['val_loss'], level).lstrip('+')} | {_interval(r['gain'], level)} | {gap} | "
+                     f"{_interval(r['val_loss'], level).lstrip('+')} | {_interval(r['gain'], level)} | "
+                     f"{_interval(r['gain_flops'], level)} | {gap} | "
                      f"{_interval(r['mixing'], level)} | {fl} | {passes} | {wall} |")
     return "\n".join(lines)

@@ -228,7 +228,8 @@ def decided_table(results: Path) -> str:
         summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
         if s.get("superseded") or s.get("reference"):
             why = "superseded" if s.get("superseded") else "reference"
-            notes.append(f"{study_label(s)}: {why} ({s[why]}); not in the tables ({summary}; every entry: "
+            # named alone: its profile, seeds and commits are in its README and in docs/workflow.md's tables
+            notes.append(f"{s['name']}: {why} ({s[why]}); not in the tables ({summary}; "
                          f"results/{s['name']}/{s['ledger']})")
         else:
             notes.append(f"{study_label(s)}: {summary} (every entry: results/{s['name']}/{s['ledger']})")
