@@ -302,8 +302,8 @@ def test_a_stage_that_comes_while_its_server_imports_waits_for_it(tmp_path, monk
 def test_a_flow_preloads_what_its_stages_import_beyond_a_cell(tmp_path):
     """preload_for: the analysis and model-loading stages' imports, for those stages only; a server holding them still
     serves (none of them starts a thread), and its stage finds them imported and plots as a cold process would."""
-    assert warm.preload_for(["validate", "pretrain@none-a-0"]) == warm.PRELOAD
-    extra = set(warm.preload_for(["leaderboard", "evaluate@none-c-0"])) - set(warm.PRELOAD)
+    assert warm.preload_for(["validate", "pretrain@none-a-0"]) == warm.PRELOAD + warm.DVC_PRELOAD
+    extra = set(warm.preload_for(["leaderboard", "evaluate@none-c-0"])) - set(warm.PRELOAD) - set(warm.DVC_PRELOAD)
     assert extra == {"scipy.stats", "matplotlib.pyplot", "transformers:LlamaForCausalLM,Qwen3ForCausalLM"}
     plot = ('if sys.argv[1] == "plot":\n'
             '    print("preloaded", all(m in sys.modules for m in ("scipy.stats", "matplotlib.pyplot")))\n'
@@ -317,6 +317,49 @@ def test_a_flow_preloads_what_its_stages_import_beyond_a_cell(tmp_path):
     finally:
         warm.stop(server)
         shutil.rmtree(folder)
+
+
+STAGE = """\
+from scalelab.pipeline.handoff import handoff
+handoff()
+import os, sys
+open(sys.argv[1], "w").write(f"{os.getppid()}\\n")
+"""
+
+
+def test_the_flows_dvc_command_runs_in_the_server_and_its_stage_too(tmp_path):
+    """`python -m scalelab.pipeline.dvcrun ...` under a server (handoff(module=...)): DVC runs in a child of the
+    server with DVC's exit status and streams; it keeps SCALELAB_WARM, so the stage script it starts is served as
+    well; a command that fails exits as a cold one does."""
+    env = {k: v for k, v in os.environ.items() if k != warm.WARM_ENV}
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
+    (tmp_path / "stage.py").write_text(STAGE)
+    (tmp_path / "dvc.yaml").write_text("stages:\n  s:\n    cmd: python stage.py out.txt\n    deps: [stage.py]\n"
+                                       "    outs: [out.txt]\n")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # `python` in the cmd: this venv's
+    dvcrun = [sys.executable, "-m", "scalelab.pipeline.dvcrun"]
+    missing = subprocess.run([*dvcrun, "repro", "--single-item", "nothing"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True)
+    folder, server = warm.start(tmp_path, preload=warm.DVC_PRELOAD)
+    try:
+        env[warm.WARM_ENV] = str(folder / "warm.sock")
+        while not (folder / "warm.sock").exists():
+            assert server.poll() is None, (folder / "warm.log").read_text()
+            time.sleep(0.1)
+        res = subprocess.run([*dvcrun, "repro", "--single-item", "s"], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0 and "Running stage 's'" in res.stdout, (res.stdout, res.stderr)
+        failed = subprocess.run([*dvcrun, "repro", "--single-item", "nothing"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        warm.stop(server)
+    log = (folder / "warm.log").read_text()
+    shutil.rmtree(folder)
+    assert int((tmp_path / "out.txt").read_text()) == server.pid  # the stage: forked by the server too
+    assert "dvc repro --single-item s: exit 0" in log and "served 1 stage(s), 2 DVC command(s)" in log, log
+    assert missing.returncode != 0 and failed.returncode == missing.returncode  # DVC's own status, warm or cold
+    assert "nothing" in failed.stderr + failed.stdout
 
 
 def test_a_starting_marker_counts_for_a_live_server_of_that_socket_and_only_for_a_while(tmp_path):

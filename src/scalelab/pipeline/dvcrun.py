@@ -107,4 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from scalelab.pipeline.handoff import handoff
+
+    handoff(module="scalelab.pipeline.dvcrun")  # under the flow: DVC runs in its warm server, DVC's imports done
     sys.exit(main())

@@ -55,12 +55,18 @@ def starting(path: str | os.PathLike) -> bool:
     return b"scalelab.pipeline.warm" in cmdline and os.fsencode(path) in cmdline and time.time() - written < READY_S
 
 
-def handoff() -> None:
-    """Run this stage in the warm server and exit with its status; return (run here) when there is none to use."""
+def handoff(module: str | None = None) -> None:
+    """Run this stage in the warm server and exit with its status; return (run here) when there is none to use.
+
+    `module`: this process is `python -m <module>`, a DVC command as the flow runs it (scalelab.pipeline.dvcrun), whose
+    `main()` the server runs (DVC's imports are half of a no-op `dvc repro`'s CPU). It keeps SCALELAB_WARM, so the
+    stage script DVC then starts is served too, and it waits for no starting server: its own imports cost less."""
     path = os.environ.get(WARM_ENV)
-    if not path or any(os.environ.get(v, "0") != "0" for v in RANK_VARS) or not Path(sys.argv[0]).is_file():
+    if not path or any(os.environ.get(v, "0") != "0" for v in RANK_VARS):
         return
-    while not os.path.exists(path) and starting(path):  # a few seconds: the server's imports (STARTING)
+    if module is None and not Path(sys.argv[0]).is_file():
+        return
+    while module is None and not os.path.exists(path) and starting(path):  # seconds: the server's imports (STARTING)
         time.sleep(0.05)
     # The forked stage starts (and may print) before the reply with its pid arrives here: a signal sent to this
     # process in between must wait for the handler that forwards it, not end this process and orphan the stage.
@@ -68,9 +74,9 @@ def handoff() -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        env = {k: v for k, v in os.environ.items() if k != WARM_ENV}
-        send(sock, {"argv": [os.path.abspath(sys.argv[0]), *sys.argv[1:]], "cwd": os.getcwd(), "env": env},
-              [0, 1, 2])
+        env = {k: v for k, v in os.environ.items() if module or k != WARM_ENV}
+        send(sock, {"argv": [os.path.abspath(sys.argv[0]), *sys.argv[1:]], "cwd": os.getcwd(), "env": env,
+                    "module": module}, [0, 1, 2])
         reply, _ = recv(sock)
     except OSError:
         reply = None  # no server (yet, or any more): run in this process

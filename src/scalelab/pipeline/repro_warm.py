@@ -31,7 +31,8 @@ from scalelab.pipeline.handoff import WARM_ENV
 # A command that hands off (scalelab.pipeline.stage.stage_main): a stage script of the project
 STAGE_SCRIPT = re.compile(r"^\s*python3?\s+stages/\w+\.py\b")
 # The server's log lines a DVC user needs not see: one per stage served, and the count at its end
-ROUTINE = re.compile(r"^scalelab\.pipeline\.warm: (.*: exit -?\d+, [\d.]+ CPU s|served \d+ stage\(s\))$")
+ROUTINE = re.compile(r"^scalelab\.pipeline\.warm: "
+                     r"(.*: exit -?\d+, [\d.]+ CPU s|served \d+ stage\(s\)(, \d+ DVC command\(s\))?)$")
 
 
 def install(root: Path) -> None:
