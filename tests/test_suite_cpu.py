@@ -39,9 +39,15 @@ def test_a_process_forked_by_the_warm_server_counts_as_a_stage():
     rows = [{"pid": 10, "ppid": 1, "cmd": server, "test": "", "cpu_s": 5.0},
             {"pid": 11, "ppid": 10, "cmd": server, "test": "t::a", "cpu_s": 2.0},
             {"pid": 12, "ppid": 1, "cmd": "/venv/bin/python -m scalelab.pipeline.dvcrun repro -s x", "test": "t::a",
-             "cpu_s": 1.0}]
+             "cpu_s": 1.0},
+            {"pid": 13, "ppid": 10, "cmd": server, "comm": "scalelab-dvc", "test": "t::a", "cpu_s": 0.5},
+            # a test's temporary paths are no pytest worker, and a server's preloads no DVC command
+            {"pid": 14, "ppid": 1, "cmd": "/venv/bin/python /tmp/pytest-of-root/pytest-3/ws/stages/pretrain.py",
+             "test": "t::b", "cpu_s": 4.0},
+            {"pid": 15, "ppid": 1, "cmd": server + " --preload scalelab.pipeline.dvcrun", "test": "", "cpu_s": 3.0}]
     text = suite_cpu.report({"exit": 0, "wall_s": 1.0, "machine_cpu_s": 9.0, "processes": rows})
     by_kind = {line.split("  ")[-1].strip(): float(line.split()[0]) for line in text.splitlines()
                if line[:7].strip().replace(".", "").isdigit() and "  " in line}
-    assert by_kind["warm server"] == 5.0 and by_kind["stage"] == 2.0 and by_kind["dvc (flow's stage runs)"] == 1.0
-    assert "3.0  t::a" in text  # a test's subprocesses: the forked stage and its DVC
+    assert by_kind["warm server"] == 8.0 and by_kind["stage"] == 6.0 and by_kind["dvc (the flow's, per stage)"] == 1.5
+    assert "pytest worker" not in by_kind
+    assert "3.5  t::a" in text  # a test's subprocesses: the forked stage, its DVC forked and cold

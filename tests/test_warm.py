@@ -323,7 +323,7 @@ STAGE = """\
 from scalelab.pipeline.handoff import handoff
 handoff()
 import os, sys
-open(sys.argv[1], "w").write(f"{os.getppid()}\\n")
+open(sys.argv[1], "w").write(f"{os.getppid()} {open('/proc/self/comm').read().strip()}\\n")
 """
 
 
@@ -356,7 +356,8 @@ def test_the_flows_dvc_command_runs_in_the_server_and_its_stage_too(tmp_path):
         warm.stop(server)
     log = (folder / "warm.log").read_text()
     shutil.rmtree(folder)
-    assert int((tmp_path / "out.txt").read_text()) == server.pid  # the stage: forked by the server too
+    parent, name = (tmp_path / "out.txt").read_text().split()
+    assert int(parent) == server.pid and name == "scalelab-stage"  # the stage: forked by the server too, so named
     assert "dvc repro --single-item s: exit 0" in log and "served 1 stage(s), 2 DVC command(s)" in log, log
     assert missing.returncode != 0 and failed.returncode == missing.returncode  # DVC's own status, warm or cold
     assert "nothing" in failed.stderr + failed.stdout

@@ -29,12 +29,14 @@ from pathlib import Path
 TICK = os.sysconf("SC_CLK_TCK")
 MARK = "SCALELAB_SUITE_CPU"
 # (kind, pattern on the command line), first match wins: what the suite starts
+# (a test's temporary paths hold "pytest-of-...": no bare "pytest"; a warm server's command line lists its preloads,
+# scalelab.pipeline.dvcrun among them: the server before the DVC command)
 KINDS = (
-    ("pytest worker", r"exec\(eval\(sys\.stdin|xdist|-m pytest|/pytest\b|pytest/__main__"),  # execnet's workers
-    ("dvc (flow's stage runs)", r"scalelab\.pipeline\.dvcrun"),
-    ("dvc exp workers", r"dvc exp (exec-run|queue-worker)"),
-    ("dvc", r"-m dvc\b|/dvc\b|dvc/__main__"),
+    ("pytest worker", r"exec\(eval\(sys\.stdin|-m pytest\b|bin/pytest\b|pytest/__main__"),  # execnet's: xdist's
     ("warm server", r"scalelab\.pipeline\.warm|pipeline/warm\.py"),
+    ("dvc (the flow's, per stage)", r"scalelab\.pipeline\.dvcrun"),
+    ("dvc exp workers", r"dvc exp (exec-run|queue-worker)"),
+    ("dvc", r"-m dvc\b|bin/dvc\b|dvc/__main__"),
     ("stage", r"stages/\w+\.py|scalelab\.pipeline\.check|pipeline/check\.py"),
     ("flow", r"flows/pipeline\.py|workspace\.py build|scalelab study|scalelab repro|pipeline/cli\.py"),
     ("prefect server", r"uvicorn|prefect server"),
@@ -55,20 +57,21 @@ def kind_of(cmdline: str) -> str:
     return "other: " + (Path(cmdline.split(" ", 1)[0]).name or "?")
 
 
-def _read(pid: str) -> tuple[float, str, str, int, float] | None:
-    """(CPU seconds, command line, test, parent pid, start time) of a marked process; None if it is not marked or
-    gone."""
+def _read(pid: str) -> tuple[float, str, str, int, float, str] | None:
+    """(CPU seconds, command line, test, parent pid, start time, name) of a marked process; None if it is not marked
+    or gone."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         if not any(v.startswith(MARK.encode() + b"=") for v in env):
             return None
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return None
     test = next((v.split(b"=", 1)[1].decode(errors="replace") for v in env if v.startswith(b"PYTEST_CURRENT_TEST=")),
                 "")
-    return (int(stat[11]) + int(stat[12])) / TICK, cmd, test.rsplit(" (", 1)[0], int(stat[1]), float(stat[19])
+    return (int(stat[11]) + int(stat[12])) / TICK, cmd, test.rsplit(" (", 1)[0], int(stat[1]), float(stat[19]), comm
 
 
 def _machine_cpu() -> float:
@@ -88,7 +91,7 @@ def measure(cmd: list[str], every: float = 0.2) -> dict:
             if (got := _read(pid)) is None:
                 continue
             row = seen.setdefault((pid, got[4]), {"pid": int(pid), "ppid": got[3], "cmd": got[1], "test": got[2]})
-            row["cpu_s"] = got[0]
+            row["cpu_s"], row["comm"] = got[0], got[5]  # a forked child names itself after its fork
             row["test"] = row["test"] or got[2]
         if done:
             break
@@ -105,7 +108,9 @@ def report(result: dict, top: int = 20) -> str:
     for p in procs:
         kind = kind_of(p["cmd"])
         if kind == "warm server" and kind_of(cmds.get(p["ppid"], "")) == "warm server":
-            kind = "stage"  # forked by the warm server: its command line is the server's
+            # forked by the warm server, its command line the server's: a stage or a DVC command, by the name the
+            # child gives itself (scalelab.pipeline.warm)
+            kind = "dvc (the flow's, per stage)" if p.get("comm") == "scalelab-dvc" else "stage"
         by_kind[kind] += p["cpu_s"]
         count[kind] += 1
         if kind != "pytest worker":  # a worker's CPU spans every test it ran

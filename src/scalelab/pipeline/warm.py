@@ -97,9 +97,12 @@ def _child(request: dict, fds: list[int], defaults: dict[str, str]) -> None:
         server = os.getppid()
         # Ends with the server, even when the server is SIGKILLed (its client then sees the stage fail): no stage
         # outlives a killed flow, to finish and write its outs behind the back of the DVC that gave up on it.
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != server:
             os._exit(128 + signal.SIGKILL)
+        # PR_SET_NAME: what ps, top and tools/suite_cpu.py show for it (its command line stays the server's)
+        libc.prctl(15, b"scalelab-dvc" if request.get("module") else b"scalelab-stage")
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
         for fd in fds:
