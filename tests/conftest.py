@@ -128,7 +128,8 @@ def no_process_left_behind():
 # alone ~146 s on CI) had been left out, so it started among the last files.
 # The files that need the micro DAG's one build (conftest's micro_build) come first on one worker, test_pipeline.py
 # building it; the other worker meanwhile runs the longest files that need none (test_flow.py, test_rehearsal.py),
-# instead of waiting on the build's lock, and the rest of the files that need the build follow.
+# instead of waiting on the build's lock, and the rest of the files that need the build follow. test_remote.py copies
+# the build too (a slice of it), but runs late on either worker, long after the build is done.
 NEED_BUILD = ("test_pipeline.py", "test_crash.py", "test_experiments.py", "test_study.py", "test_runners.py")
 LONGEST_FIRST = ("test_pipeline.py", "test_flow.py", "test_rehearsal.py", *NEED_BUILD[1:], "test_runstate.py",
                  "test_teamserver.py", "test_ui.py", "test_hardening.py", "test_bad_params.py", "test_remote.py",
