@@ -346,6 +346,16 @@ def _clone(base: Path, dest: Path, env: dict[str, str], mlflow: Path) -> dict[st
                   "PYTHONUNBUFFERED": "1"}
 
 
+def _seed_study_workspace(clone: Path, env: dict[str, str]) -> None:
+    """The remembered check verdicts in the study's own workspace (scalelab.study.workspace: .dvc/tmp/studies/micro/,
+    a DVC root of its own, with its own .cache/), as _clone seeds the clone's: its flow's first DVC command otherwise
+    builds every optimizer of the profile again (~4.4 CPU s a clone). The study's params change no optimizer, so the
+    micro profile's verdict is theirs; what else they hold is checked as usual."""
+    from scalelab.study.workspace import Workspace
+
+    seed_check_verdicts(Workspace(clone, "micro").path, env)
+
+
 def _study(ws: Path, env: dict[str, str], tag: str, *args: str, kill_after: int | None = None,
            rng: random.Random | None = None) -> tuple[int | None, str]:
     """`scalelab study micro` in `ws`; with `kill_after`, its whole process tree is SIGKILLed while a training cell
@@ -428,6 +438,7 @@ def test_a_study_killed_mid_cell_finishes_from_a_fresh_clone_without_recomputing
 
     killed = tmp_path / "killed"
     killed_env = _clone(base, killed, env, mlflow)
+    _seed_study_workspace(killed, killed_env)
     code, out = _study(killed, killed_env, "killed", "--workers", "2", kill_after=1, rng=rng)
     assert code is None, f"the study ended before the kill:\n{out[-3000:]}"
     kept = {r.address for r in cells.read(killed / "results" / "micro")}
@@ -438,6 +449,7 @@ def test_a_study_killed_mid_cell_finishes_from_a_fresh_clone_without_recomputing
     resumed = tmp_path / "resumed"
     resumed_env = _clone(killed, resumed, env, mlflow)
     assert not (resumed / ".dvc" / "tmp").exists()  # nothing of the killed run's workspace travels
+    _seed_study_workspace(resumed, resumed_env)  # (after that check: the verdicts are this machine's, not the clone's)
     # a budget spent before the first cell could start: the flow builds what the cells need, starts none of them
     code, out = _study(resumed, resumed_env, "budget", "--workers", "2", "--max-minutes", "0.05")
     left = 3 - len(kept)
