@@ -211,9 +211,12 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     where = f"{workers} at once on this machine" if local else f"on {type(runner).__name__} workers"
     logger.info(f"{len(order)} stages, {where}: {', '.join(order)}")
     tags = {"prefect.flow_run_id": flow_run.id, "scalelab.targets": " ".join(targets or ["all"])}
-    # Stage processes start warm on this machine's CPUs (scalelab.pipeline.warm); not on GPUs: CUDA does not survive a fork
+    # Stage processes start warm on this machine's CPUs (scalelab.pipeline.warm), the thread pool's tasks' and those of a
+    # cluster the runner started here (runners.on_this_machine: its workers' stages cost a cold start each, ~8 CPU s a
+    # micro cell); not on GPUs: CUDA does not survive a fork
     to_run = changed is None or bool(changed & set(order))  # else every task finishes at once, "up to date"
-    warm_start = local and to_run and not placement.local_gpus() and os.environ.get(warm.WARM_ENV) != "0"
+    warm_start = (runners.on_this_machine(runner) and to_run and not placement.local_gpus()
+                  and os.environ.get(warm.WARM_ENV) != "0")
     try:
         # The warm server imports while the MLflow parent run is opened and the first stages start (they wait for it)
         served = [s for s in order if changed is None or s in changed]

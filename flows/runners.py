@@ -96,6 +96,25 @@ def task_runner(kind: str = "threads", workers: int | None = None, address: str 
     raise ValueError(f"unknown runner {kind!r}; one of {', '.join(KINDS)}")
 
 
+def on_this_machine(runner) -> bool:
+    """Whether `runner`'s tasks run on this machine: the thread pool, and a cluster it starts here itself (a Dask
+    LocalCluster, a local Ray instance: no address). Their stages may start warm from the flow's server
+    (scalelab.pipeline.warm), whose socket is in this machine's /tmp; a cluster's workers elsewhere would not reach it
+    (their stages then run cold, as they do anyway: the server would be started for nothing)."""
+    if isinstance(runner, ThreadPoolTaskRunner):
+        return True
+    if type(runner).__name__ == "DaskTaskRunner":
+        import distributed
+
+        if (cluster := getattr(runner, "_cluster", None)) is not None:  # started (the flow's), or given as an object
+            return isinstance(cluster, distributed.LocalCluster)
+        cls = runner.resolved_cluster_class or runner.cluster_class or distributed.LocalCluster  # Prefect's default
+        return runner.address is None and isinstance(cls, type) and issubclass(cls, distributed.LocalCluster)
+    if type(runner).__name__ == "RayTaskRunner":
+        return runner.address in (None, "") and not os.environ.get("RAY_ADDRESS")  # ray.init() would connect there
+    return False
+
+
 def resources(runner, gpus_per_task: float):
     """What one task submission asks its runner for: GPUs from a Ray cluster (Ray hides them from tasks that ask for
     none); nothing otherwise (a SLURM job's GPUs are its worker's; the thread runner hands out shares itself)."""

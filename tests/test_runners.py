@@ -77,6 +77,19 @@ def test_micro_grid_on_each_runner(kind, micro_build, tmp_path, prefect_harness,
     assert all(c.info.status == "FINISHED" for c in children)
     # the two cells ran at the same time, each on its own worker: each went on only once the other ran
     assert sorted(p.name for p in barrier.iterdir()) == CELLS
+    # their stage scripts started warm, forked by the flow's server at their workers' request (the cluster is this
+    # machine's: runners.on_this_machine), as on the thread runner; its report is among the flow run's last log lines
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()
+    with get_client(sync_client=True) as prefect:
+        logs = [log.message for log in prefect.read_logs(
+            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])), limit=50,
+            sort=LogSort.TIMESTAMP_DESC)]
+    assert any(f"served {len(CELLS)} stage(s)" in m for m in logs), logs
 
     assert set(CELLS) <= set(yaml.safe_load((ws / "dvc.lock").read_text())["stages"])
     assert "up to date" in _run(DVC + ["status", *CELLS], ws, os.environ)
@@ -95,6 +108,25 @@ def _(monkeypatch):  # a cluster of one worker: the cells run one after the othe
 @pytest.mark.mutation
 def test_the_grid_test_catches_cells_run_one_at_a_time():
     assert_caught("tests/test_runners.py::test_micro_grid_on_each_runner[dask]", "runner-one-worker")
+
+
+def test_only_a_cluster_the_runner_starts_here_is_served_warm(monkeypatch):
+    """The flow's warm server serves the thread pool and a Dask LocalCluster or local Ray instance the runner starts
+    (their workers are this machine's processes); not a cluster at an address, nor SLURM's jobs: their workers are
+    elsewhere, where the server's socket is not."""
+    from prefect.task_runners import ThreadPoolTaskRunner
+    from prefect_dask import DaskTaskRunner
+    from prefect_ray import RayTaskRunner
+
+    on_here = flow_mod.runners.on_this_machine
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert on_here(ThreadPoolTaskRunner(max_workers=2))
+    assert on_here(DaskTaskRunner(cluster_class="distributed.LocalCluster")) and on_here(DaskTaskRunner())
+    assert not on_here(DaskTaskRunner(address="tcp://scheduler:8786"))
+    assert not on_here(DaskTaskRunner(cluster_class="dask_jobqueue.SLURMCluster"))
+    assert on_here(RayTaskRunner()) and not on_here(RayTaskRunner(address="ray://head:10001"))
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # where ray.init() connects without an address
+    assert not on_here(RayTaskRunner())
 
 
 def test_a_cluster_runner_without_its_extra_is_refused_in_one_line_before_any_flow(monkeypatch, capsys):
