@@ -46,6 +46,10 @@ def _control(params, optim: dict | None = None, **ob):
              "muon_pinned": params.optim["muon"], **(optim or {})}
     raw = {**params.optimizers.model_dump(), "optimizers": ["adamw", "adamw_emb", "muon"], "pinned": ["muon_pinned"],
            "references": ["adamw_emb"], "max_runs": 40, **ob}
+    pin_to = raw.get("pin_to") or {}
+    if "pinned_cells" not in ob:
+        raw["pinned_cells"] = {f"{o}-{s}": {"optimizer": o, "size": s, "ref": pin_to.get(o, raw["baseline"])}
+                               for o in raw["pinned"] for s in raw["sizes"]}
     return params.model_copy(update={"optim": optim, "optimizers": OptBenchConfig(**raw)})
 
 
@@ -99,6 +103,14 @@ def test_a_pinned_arms_side_group_trains_at_the_baselines_tuned_lr(params):
         optbench.bench(bad)
     with pytest.raises(ValueError, match="also in optimizers.optimizers"):
         _control(params, pinned=["muon"])
+    # the pinned arms' stage cells (dvc.yaml's foreach) written out as pinned x sizes with each arm's reference
+    cells = _control(params).optimizers.pinned_cells
+    assert {k: c.ref for k, c in cells.items()} == {f"muon_pinned-{s}": "adamw" for s in params.optimizers.sizes}
+    wrong = {k: {**c.model_dump(), "ref": "adamw"} for k, c in emb.optimizers.pinned_cells.items()}
+    with pytest.raises(ValueError, match=r"optimizers.pinned_cells .* must be .*'ref': 'adamw_emb'"):
+        _control(params, pin_to={"muon_pinned": "adamw_emb"}, pinned_cells=wrong)
+    with pytest.raises(ValueError, match=r"optimizers.pinned_cells \{\} must be"):
+        _control(params, pinned_cells={})
 
 
 def test_the_embedding_control_trains_its_embeddings_at_lr_times_the_multiplier(params):
@@ -342,12 +354,13 @@ def test_the_size_study_profile_and_spec_validate():
 def test_the_2x2_profile_matches_embeddings_at_1x_chinchilla_with_every_arm_tuned_alike():
     """configs/optbench-2x2.yaml: {adamw, muon} x {embeddings at adamw's tuned LR, at adamw_emb's}: muon_pinned pinned
     to adamw, muon_emb to adamw_emb; one size, xxs, at 20 tokens per non-embedding parameter (within 5%); every arm
-    tunes the shared hyperparameters and its LR again after them; 3 held-out seeds; the references over 5 budgets.
-    The spec names it."""
+    tunes the shared hyperparameters and its LR again after them; 5 held-out seeds; the references over 5 budgets;
+    the claims read the profile's own validation tokens. The spec names it, and its grid (as DVC resolves it) runs
+    each pinned arm after its own reference's sweep, keyed by that reference's params."""
     from scalelab.config.optbench import SHARED_HPS
     from scalelab.ledger import studies
     from scalelab.optbench.data import Bench
-    from scalelab.study import spec
+    from scalelab.study import grid, spec
 
     p = load_params(ROOT / "configs" / "optbench-2x2.yaml")
     ob = optbench.bench(p)
@@ -355,13 +368,20 @@ def test_the_2x2_profile_matches_embeddings_at_1x_chinchilla_with_every_arm_tune
     assert {o: ob.pinned_to(o) for o in ob.pinned} == {"muon_pinned": "adamw", "muon_emb": "adamw_emb"}
     assert {p.optim[o].name for o in ob.pinned} == {"muon"} and ob.sizes == ["xxs"]
     assert all(set(SHARED_HPS) <= set(ob.second[o]) for o in ob.arms) and ob.lr_last
-    assert len(ob.rerun_seeds) == 3 and len(ob.budgets) == 5 and 1.0 in ob.budgets
+    assert len(ob.rerun_seeds) == 5 and len(ob.budgets) == 5 and 1.0 in ob.budgets
+    assert ob.val_tokens == p.pretrain.val_tokens and ob.val_every == p.pretrain.val_every
     model = Transformer(p.resolve_model("xxs", ob.variant, vocab_size=p.tokenizer.vocab_size))
     rest = model.num_params() - Bench.from_params(p).embedding_params["xxs"]
     tokens = ob.max_steps * p.pretrain.batch_size * p.pretrain.seq_len
     assert tokens / rest == pytest.approx(20.0, rel=0.05), (tokens, rest)
     s = spec.load(ROOT, "optbench-2x2")
     assert s.profile == Path("configs/optbench-2x2.yaml") and studies.generator(s.generator).__name__ == "study"
+    pinned = {c.address: c for c in grid.plan_grid(s, ROOT).cells if c.stage.startswith("optimizers_pinned")}
+    assert set(pinned) == {f"optimizers_pinned{k}@{o}-xxs" for k in ("", "_seeds") for o in ob.pinned}
+    for address, cell in pinned.items():
+        ref = ob.pinned_to(cell.item["optimizer"])
+        assert f"optimizers@{ref}-xxs" in cell.upstream, address
+        assert f"optim.{ref}" in cell.params["params.yaml"], address
 
 
 def test_the_study_generator_reads_the_committed_cells(params, tmp_path):
