@@ -258,8 +258,9 @@ def test_a_second_hyperparameter_at_an_edge_is_extended_by_the_lrs_rule(params):
 def test_a_references_lr_is_retuned_at_every_data_budget(params):
     """The references' LR is chosen again at each other budget: 3 points at the grid's ratio around the budget-1
     LR, extended past an edge (here the optimum halves with 4x the data: two points below); the reruns at each budget
-    use that budget's choice, only for the references; the reference curve reads those runs, and a retuned LR left
-    at an edge is named among the edges."""
+    use that budget's choice, only for the references; the baseline's held-out reruns add its default recipe and its
+    LR alone tuned; the reference curve reads those runs, and a retuned LR left at an edge is named among the
+    edges."""
     sub = _control(params, max_extra=2)
     best = {"lr": 3e-3, "weight_decay": 0.3}
 
@@ -276,6 +277,15 @@ def test_a_references_lr_is_retuned_at_every_data_budget(params):
     assert sorted((hp["lr"], b) for hp, s, b, _ in jobs if s == 2) == sorted(
         [(3e-3, 1.0), (6e-3, 0.25), (4e-3, 0.5), (2e-3, 2.0)])
     assert {b for _, _, b, _ in protocol.rerun_jobs(ob, "muon", {"lr": 3e-3}, per_budget, None)} == {1.0}
+    # the baseline also at its default recipe and at its LR alone tuned (the first pass's choice, the rest default),
+    # each on every held-out seed; neither where it is a run already there, and no other arm gets them
+    tuned, default, lr_only = {"lr": 3e-3, "weight_decay": 0.3}, {"lr": 1e-3}, {"lr": 6e-3}
+    extra = {str(hp): sorted(s for h, s, b, _ in protocol.rerun_jobs(ob, "adamw", tuned, {}, default, lr_only)
+                             if h == hp and b == 1.0) for hp in (tuned, default, lr_only)}
+    assert extra == dict.fromkeys(map(str, (tuned, default, lr_only)), ob.rerun_seeds)
+    assert len(protocol.rerun_jobs(ob, "adamw", tuned, {}, default, default)) == 2 * len(ob.rerun_seeds)
+    assert len(protocol.rerun_jobs(ob, "adamw", tuned, {}, default, tuned)) == 2 * len(ob.rerun_seeds)
+    assert len(protocol.rerun_jobs(ob, "adamw_emb", tuned, {}, default, lr_only)) == len(ob.rerun_seeds)
     # the curve: the baseline's runs at the budget-1 LR and at each budget's own; the reference reads the latter
     bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
     for r in [r for r in runs if r["optimizer"] == "adamw" and r["budget"] != 1.0]:
