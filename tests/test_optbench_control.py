@@ -15,7 +15,7 @@ from test_optimizers import _batch, _entries, _law, _model, _premise, _synthetic
 from test_train import make_shards
 
 from scalelab.ledger import claims
-from scalelab.optbench import leaderboard, speedup
+from scalelab.optbench import claims as claims_b, leaderboard, speedup
 from scalelab.optbench.data import chosen
 from scalelab.config import OptBenchConfig, ParamsError, load_params
 from scalelab.model import Transformer
@@ -195,6 +195,10 @@ def test_claims_are_built_against_the_baseline_and_against_the_embedding_control
     assert claims.verdict_of(e["b-obs-adamw_emb-a"]) == "observation" and "embedding-LR control" in e[
         "b-obs-adamw_emb-a"]["published"]
     assert "b-obs-adamw_emb-a-vs-adamw_emb" not in e  # never against itself
+    # the embedding-LR effect itself: adamw_emb over adamw on adamw's curve (1.5x on both seeds)
+    emb = e["b-emb-adamw_emb-a"]
+    assert emb["effect"] == pytest.approx(0.5, rel=1e-3) and emb["n_seeds"] == 2 and "baseline's" in emb["metric"]
+    assert emb["smallest_effect"] == pytest.approx(0.1) and "embedding-LR control" in emb["published"]
     table = leaderboard.table(bench, cells, runs)
     row = table.filter((table["optimizer"] == "muon") & (table["size"] == "a")).row(0, named=True)
     assert row["speedup"] == pytest.approx(1.65, rel=1e-3) and row["speedup_vs_adamw_emb"] == pytest.approx(1.1)
@@ -206,6 +210,28 @@ def test_claims_are_built_against_the_baseline_and_against_the_embedding_control
         cells["muon", size]["pinned_lr"] = 3e-3
     assert _premise(_entries(bench, cells, runs)["b-wen-muon-leads-a"], "embeddings trained like the baseline's")[
         "value"].startswith("1x")
+
+
+def test_the_embedding_lr_pairs_each_treated_arm_with_its_own_control(params):
+    """The embedding-LR effect's pairs: the reference beyond the baseline against the baseline, and the arm pinned to
+    that reference against its twin of the same family pinned to the baseline; the pinned pair's effect is the ratio
+    of their speed-ups on the baseline's curve (1.5x and 1.2x: +0.25)."""
+    bench, cells, runs = _with_control(params, {"lr": 3e-3}, muon_lr=3e-3)
+    muon = bench.optim["muon"]
+    bench = dataclasses.replace(bench, optimizers=(*bench.optimizers, "muon_emb"),
+                                optim={**bench.optim, "muon_emb": muon})
+    for size in bench.sizes:
+        cells["muon", size]["pinned_to"] = "adamw"
+        cells["muon_emb", size] = {**copy.deepcopy(cells["muon", size]), "pinned_to": "adamw_emb"}
+    for r in [r for r in runs if r["optimizer"] == "muon"]:
+        r["val_loss"] = _law(1200.0)
+        runs.append({**r, "optimizer": "muon_emb", "val_loss": _law(1500.0)})
+    assert claims_b.embedding_pairs(bench, cells, "a") == [("adamw_emb", "adamw"), ("muon_emb", "muon")]
+    e = _entries(bench, cells, runs)["b-emb-muon_emb-a-vs-muon"]
+    assert e["effect"] == pytest.approx(0.25, rel=1e-3) and "muon_emb over muon" in e["metric"]
+    assert all(p["passed"] for p in e["premises"]), e["premises"]
+    cells["muon_emb", "a"]["pinned_to"] = "adamw"  # both pinned to the baseline: no treatment, no pair
+    assert claims_b.embedding_pairs(bench, cells, "a") == [("adamw_emb", "adamw")]
 
 
 # ---------------------------------------------------------------- the protocol

@@ -29,8 +29,8 @@ import math
 import statistics
 
 from scalelab.ledger import claims
-from scalelab.optbench.papers import (CLAIMS, CONTROL, EVERY_REFERENCE, UNCLAIMED, WEN_REGIME,
-                                               WEN_TOKENS_PER_PARAM, PaperClaim, claims_about)
+from scalelab.optbench.papers import (CLAIMS, CONTROL, EVERY_REFERENCE, SMALLEST_SPEEDUP, UNCLAIMED, WEN_REGIME,
+                                      WEN_TOKENS_PER_PARAM, PaperClaim, claims_about)
 from scalelab.config.optbench import SHARED_HPS
 from scalelab.optbench.data import Bench, chosen, finals, ok, read_study, size_regime, sweep_seed_count
 from scalelab.optbench.speedup import READ, per_seed, reference
@@ -67,12 +67,31 @@ def seed_spread(bench: Bench, cells: dict, runs: list[dict], opt: str, size: str
     return spread
 
 
-def interior_premise(bench: Bench, cells: dict, runs: list[dict], arms: list[tuple[str, str]]) -> dict:
+def tolerance(bench: Bench, cells: dict, runs: list[dict], opt: str, size: str, ref: str | None = None):
+    """budget -> the interior rule's tolerance for `opt` at `size`: the smaller of its held-out seed spread at that
+    budget's choice and the loss a SMALLEST_SPEEDUP speed-up in data is worth on reference `ref`'s curve at that
+    budget's tokens (mean over the held-out seeds). The spread includes the seed effect the sweep's paired
+    comparisons cancel; an end that loses less than the smallest effect of interest to its neighbour moves no
+    verdict."""
+    spread, ref = seed_spread(bench, cells, runs, opt, size), ref or bench.baseline
+    tokens = size_regime(bench, runs, size)["tokens"]
+    curves = [reference(bench, cells, runs, size, s, ref) for s in bench.rerun_seeds]
+
+    def tol(budget: float) -> float:
+        worth = [w for c in curves if tokens and not c.why_not
+                 and (w := c.loss_worth(tokens * budget, SMALLEST_SPEEDUP)) is not None]
+        return min(spread(budget), statistics.fmean(worth)) if worth else spread(budget)
+    return tol
+
+
+def interior_premise(bench: Bench, cells: dict, runs: list[dict], arms: list[tuple[str, str]],
+                     ref: str | None = None) -> dict:
     edges = [f"{o}-{s} {', '.join(e)}" for o, s in arms
-             if (e := at_edge(cells[o, s], seed_spread(bench, cells, runs, o, s)))]
+             if (e := at_edge(cells[o, s], tolerance(bench, cells, runs, o, s, ref)))]
     return claims.premise("hyperparameters interior", "; ".join(edges) + " at edge" if edges else "none at an edge",
                           not edges, "every tuned hyperparameter of each arm inside the values tried, or at an end "
-                          "within the held-out seed spread of its neighbour, or at a natural bound")
+                          "within the smaller of the held-out seed spread and the loss 1.1x in data is worth, of its "
+                          "neighbour, or at a natural bound")
 
 
 def tuning_premise(cells: dict, arms: list[tuple[str, str]]) -> dict:
@@ -115,7 +134,11 @@ def curve_premise(bench: Bench, cells: dict, runs: list[dict], size: str, ref: s
         if c.fallback:
             fallback.setdefault(c.fallback, []).append(str(s))
     how = "".join(f"; seed {', '.join(seeds)} {why}: interpolated between measured budgets"
-                  for why, seeds in fallback.items())
+                  for why, seeds in fallback.items()) + ("; so every seed interpolated" if fallback else "")
+    # a fit identified but looser than the seeds differ at its own budget: flagged (read off it all the same)
+    spread = seed_spread(bench, cells, runs, ref, size)(1.0)
+    loose = [f"seed {s} rmse {c.fit.rmse:.2g}" for s, c in curves.items() if c.identified and c.fit.rmse > spread > 0]
+    how += f"; {', '.join(loose)} above the seeds' spread {spread:.2g}" if loose else ""
     return claims.premise("reference curve", f"{size}: {n} budgets{how}", n >= MIN_BUDGETS,
                           f"{who} measured at ≥ {MIN_BUDGETS} data budgets on every held-out seed")
 
@@ -130,6 +153,18 @@ def range_premise(seeds: dict[int, tuple], where: str = "") -> dict:
                           "each held-out seed's final loss within the baseline's measured losses over its budgets")
 
 
+def budget_premise(bench: Bench, runs: list[dict], size: str, pc: PaperClaim) -> dict:
+    """A claim about the paper's regime: the run's tokens per non-embedding parameter (Chinchilla's count, as Wen et
+    al. state their budgets) at least the paper's over the claim's factor."""
+    reg = size_regime(bench, runs, size)
+    rest, tokens = reg["non_embedding_params"], reg["tokens"]
+    tpp = tokens / rest if rest and tokens else None
+    need = pc.paper_tokens_per_param / pc.budget_factor
+    return claims.premise("budget", None if tpp is None else f"{tpp:.3g} tokens per non-embedding parameter",
+                          tpp is not None and tpp >= need, f"≥ {need:.3g} tokens per non-embedding parameter (the "
+                          f"paper's {pc.paper_tokens_per_param:g} within {pc.budget_factor:g}x)")
+
+
 def common(bench: Bench, cells: dict, runs: list[dict], opt: str, sizes: list[str],
            ref: str | None = None) -> list[dict]:
     """The premises every comparison with a tuned reference (default the baseline) has: the seed mean, interior
@@ -137,7 +172,7 @@ def common(bench: Bench, cells: dict, runs: list[dict], opt: str, sizes: list[st
     hands them to its side group."""
     ref = ref or bench.baseline
     arms = [(o, s) for s in sizes for o in dict.fromkeys((opt, ref))]
-    out = [seeds_premise(cells, arms), interior_premise(bench, cells, runs, arms), tuning_premise(cells, arms)]
+    out = [seeds_premise(cells, arms), interior_premise(bench, cells, runs, arms, ref), tuning_premise(cells, arms)]
     if bench.embeddings_on_side(opt):
         out += [embedding_premise(bench, cells, opt, s, ref) for s in sizes]
     return out
@@ -153,6 +188,8 @@ def beats(pc, bench, cells, runs, opt, size, ref) -> dict:
     seeds = per_seed(bench, cells, runs, opt, size, ref=ref)
     premises = [*common(bench, cells, runs, opt, [size], ref), curve_premise(bench, cells, runs, size, ref),
                 range_premise(seeds)]
+    if pc.scope == "paper":
+        premises.append(budget_premise(bench, runs, size, pc))
     return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref), _vs(SPEEDUP, bench, ref),
                         [v - 1 for v, k in seeds.values() if k in READ], pc.published,
                         unusable=_unusable(seeds), regime=regime(bench, runs, size, pc), premises=premises,
@@ -216,21 +253,81 @@ def unstable(pc, bench, cells, runs, opt, size, ref) -> dict:
                         paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
 
 
+def lr_alone(cell: dict) -> dict | None:
+    """The LR alone tuned, every other hyperparameter at its default: the first LR pass's choice (`lr_first`; the
+    sweep's LR where it ran no second pass), as its held-out reruns name it."""
+    first = cell.get("lr_first", cell["best_lr"])
+    return None if first is None else {"lr": first}
+
+
 def tuned(pc, bench, cells, runs, opt, size, ref) -> dict:
-    """The data gain of tuning: the default recipe's tokens over the tokens the tuned baseline's curve needs to
-    reach the default's final loss (1 / the default's speed-up against the tuned curve), minus 1."""
-    default = {"lr": bench.optim[opt].lr}
-    seeds = per_seed(bench, cells, runs, opt, size, hp=default)
-    premises = [*common(bench, cells, runs, opt, [size]), curve_premise(bench, cells, runs, size), range_premise(seeds)]
+    """The data gain of tuning the LR alone: the speed-up of the LR-alone runs over the default recipe's, both read
+    on the tuned baseline's curve (the tokens that curve needs to reach each one's final loss), minus 1."""
+    default, alone = {"lr": bench.optim[opt].lr}, lr_alone(cells[opt, size])
+    d = per_seed(bench, cells, runs, opt, size, hp=default)
+    a = per_seed(bench, cells, runs, opt, size, hp=alone)
+    held = sorted(set(finals(runs, opt, size, alone)) & set(bench.rerun_seeds))
+    rerun = claims.premise("LR alone rerun", f"{len(held)} of {len(bench.rerun_seeds)} held-out seeds",
+                           len(held) == len(bench.rerun_seeds), "the LR alone tuned rerun on every held-out seed (a "
+                           "study run before the protocol reran it has none)")
+    premises = [*common(bench, cells, runs, opt, [size]), rerun, curve_premise(bench, cells, runs, size),
+                range_premise(a, "LR alone: "), range_premise(d, "default: ")]
+    diffs = [a[s][0] / d[s][0] - 1 for s in bench.rerun_seeds if a[s][1] in READ and d[s][1] in READ]
     return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref),
-                        "data gain of tuning − 1: the default recipe's tokens over those the tuned baseline's fitted "
-                        "curve needs to reach the default's final loss (held-out seeds)",
-                        [1 / v - 1 for v, k in seeds.values() if k in READ], pc.published,
-                        unusable=_unusable(seeds), regime=regime(bench, runs, size, pc), premises=premises,
-                        paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
+                        "data gain of tuning the LR alone − 1: the tokens the tuned baseline's fitted curve needs to "
+                        "reach the LR-alone run's final loss over those it needs to reach the default recipe's "
+                        "(held-out seeds)", diffs, pc.published,
+                        unusable=_unusable(a) or _unusable(d), regime=regime(bench, runs, size, pc),
+                        premises=premises, paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
 
 
-BUILDERS = {"beats": beats, "shrinks": shrinks, "batch": batch, "unstable": unstable, "tuned": tuned}
+def tuned_recipe(bench, cells, runs, size) -> dict:
+    """The whole recipe's gain (LR, decay, warmup, LR again) over the default recipe on the tuned baseline's curve:
+    measured, never decided (the paper's claim is about the LR alone)."""
+    opt = bench.baseline
+    seeds = per_seed(bench, cells, runs, opt, size, hp={"lr": bench.optim[opt].lr})
+    d = [1 / v - 1 for v, k in seeds.values() if k in READ]
+    why = "the paper's claim is about the LR alone (b-tuned-*); this is the whole recipe's gain"
+    text = f"tuned {opt} (its whole recipe) beats its default recipe in data at {size}"
+    metric = ("data gain of tuning − 1: the default recipe's tokens over those the tuned baseline's curve needs to "
+              "reach the default's final loss (held-out seeds)")
+    return claims.observation(f"b-obs-tuned-recipe-{opt}-{size}", text, metric, statistics.fmean(d) if d else None,
+                              len(d), why, regime=regime(bench, runs, size, None), why=why)
+
+
+def embedding_pairs(bench: Bench, cells: dict, size: str) -> list[tuple[str, str]]:
+    """(treated, control) pairs of the embedding-LR control at `size`: each reference beyond the baseline against the
+    baseline; each pinned arm pinned to such a reference against its twin of the same family pinned to the
+    baseline."""
+    pairs = [(r, bench.baseline) for r in bench.references]
+    pinned = {o: to for o in bench.optimizers if (to := cells[o, size].get("pinned_to"))}
+    for o, to in pinned.items():
+        twin = next((t for t, tt in pinned.items() if tt == bench.baseline and bench.name(t) == bench.name(o)), None)
+        if to != bench.baseline and twin:
+            pairs.append((o, twin))
+    return pairs
+
+
+def embedding(pc, bench, cells, runs, opt, size, ref) -> dict:
+    """`opt` (its embeddings at their own tuned LR) over `ref` (the same family, its embeddings at the baseline's
+    tuned LR): the ratio of their speed-ups on the baseline's curve (the baseline's own is 1), minus 1."""
+    t = per_seed(bench, cells, runs, opt, size)
+    c = None if ref == bench.baseline else per_seed(bench, cells, runs, ref, size)
+    arms = [(opt, size), (ref, size)]
+    premises = [seeds_premise(cells, arms), interior_premise(bench, cells, runs, arms), tuning_premise(cells, arms),
+                curve_premise(bench, cells, runs, size), range_premise(t, f"{opt}: "),
+                *([range_premise(c, f"{ref}: ")] if c else [])]
+    diffs = [t[s][0] / (c[s][0] if c else 1.0) - 1 for s in bench.rerun_seeds
+             if t[s][1] in READ and (c is None or c[s][1] in READ)]
+    return claims.claim(_id(pc, bench, opt, size, ref), _text(pc, bench, opt, size, ref),
+                        f"speed-up in data of {opt} over {ref} − 1, both read on the baseline's fitted end-of-run "
+                        "curve (held-out seeds)", diffs, pc.published,
+                        unusable=_unusable(t) or (_unusable(c) if c else None), regime=regime(bench, runs, size, pc),
+                        premises=premises, paper_effect=pc.paper_effect, smallest_effect=pc.sesoi)
+
+
+BUILDERS = {"beats": beats, "shrinks": shrinks, "batch": batch, "unstable": unstable, "tuned": tuned,
+            "embedding": embedding}
 
 
 def _fmt(s: str, bench: Bench, opt: str, size: str, ref: str | None = None) -> str:
@@ -297,6 +394,10 @@ def ledger(bench: Bench, cells: dict, runs: list[dict]) -> list[dict]:
     for pc in CLAIMS:
         if pc.kind == "shrinks" and len(bench.sizes) < 2:  # a trend over sizes needs two of them
             continue
+        if pc.kind == "embedding":  # its pairs come from the arms, not from a registry name
+            entries += [embedding(pc, bench, cells, runs, t, size, c) for size in bench.sizes
+                        for t, c in embedding_pairs(bench, cells, size)]
+            continue
         for opt in _subjects(pc, bench):
             for ref in _against(pc, bench):
                 for size in bench.sizes[-1:] if pc.kind == "shrinks" else bench.sizes:
@@ -310,6 +411,7 @@ def ledger(bench: Bench, cells: dict, runs: list[dict]) -> list[dict]:
                             if ref != opt]
             if opt in bench.batch_optimizers and not claims_about(bench.name(opt), "batch"):
                 entries.append(observation(bench, cells, runs, opt, size, "batch"))
+    entries += [tuned_recipe(bench, cells, runs, size) for size in bench.sizes]
     return entries
 
 
