@@ -193,12 +193,25 @@ def _live(s: dict) -> bool:
     return s["entries"] is not None and not s.get("superseded") and not s.get("reference")
 
 
-def decided_table(results: Path) -> str:
-    """What the committed studies decided (README), grouped by verdict: the reproduced and the contradicted claims
-    with their effect beside the paper's, their smallest effect of interest ("post hoc" where it was chosen after the
-    study's cells ran), their regime and study; then how many claims a failed premise left untested (their table:
+PER_STUDY = 3  # the README's decided table: at most this many rows of a study per verdict (its headline first)
+
+
+def _shown(s: dict, entries: list[dict], per_study: int | None) -> list[dict]:
+    """`entries` of study `s` in the order its study.json `headline` names them, then the ledger's; at most
+    `per_study` (None: all)."""
+    first = {i: n for n, i in enumerate(s.get("headline") or [])}
+    ordered = sorted(entries, key=lambda e: first.get(e["id"], len(first)))  # stable: the ledger's order after
+    return ordered if per_study is None else ordered[:per_study]
+
+
+def decided_table(results: Path, per_study: int | None = None) -> str:
+    """What the committed studies decided, grouped by verdict: the reproduced and the contradicted claims with their
+    effect beside the paper's, their smallest effect of interest ("post hoc" where it was chosen after the study's
+    cells ran), their regime and study; then how many claims a failed premise left untested (their table:
     `untested_table`). Inconclusive entries are counted per study below; superseded and reference studies and
-    folders without a ledger are named there and decide nothing here."""
+    folders without a ledger are named there and decide nothing here. `per_study`: at most that many rows of a study
+    per verdict, its headline first, the rest counted (`decided_summary`, the README's; this table whole is
+    docs/workflow.md's)."""
     studies = committed_studies(results)
     live = [s for s in studies if _live(s)]
     rows = {v: [(s, e) for s in live for e in _main_entries(s) if verdict_of(e) == v]
@@ -206,11 +219,15 @@ def decided_table(results: Path) -> str:
     out = []
     for v in DECIDED:
         out += [f"**{v.capitalize()}** ({len(rows[v])})", ""]
-        if rows[v]:
+        shown = [(s, e) for s in live for e in _shown(s, [e for t, e in rows[v] if t is s], per_study)]
+        if shown:
             out += ["| claim | effect ± spread | paper | smallest effect | seeds | regime | study |",
                     "|---|---|---|---|---|---|---|"]
             out += [f"| {e['claim']} | {_fmt_effect(e)} | {_paper(e)} | {ledger_rules.sesoi_text(e)} | {e['n_seeds']} "
-                    f"| {_regime(e)} | {s['name']} |" for s, e in rows[v]]
+                    f"| {_regime(e)} | {s['name']} |" for s, e in shown]
+            if hidden := len(rows[v]) - len(shown):
+                out += ["", f"and {hidden} more, at most {per_study} a study shown here (every one: docs/workflow.md, "
+                            "What the committed studies decided)"]
         else:
             out.append("none")
         out.append("")
@@ -236,6 +253,11 @@ def decided_table(results: Path) -> str:
     notes += [f"{name}: retired ({why}); read it at commit {RETIRED_AT} (`git show {RETIRED_AT}:results/{name}/README.md`)"
               for name, why in RETIRED.items() if not (results / name).exists()]
     return "\n".join(out) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
+def decided_summary(results: Path) -> str:
+    """The README's table of decided claims: `decided_table` with at most PER_STUDY rows a study per verdict."""
+    return decided_table(results, PER_STUDY)
 
 
 def untested_table(results: Path) -> str:
