@@ -253,6 +253,24 @@ def test_the_decided_table_groups_by_verdict_and_names_the_failed_premise(tmp_pa
     assert sum(" | s0-old |" in line for line in lines) == 0  # a superseded study decides nothing
 
 
+def test_the_readmes_decided_table_shows_a_few_rows_a_study_its_headline_first(tmp_path):
+    """The README's summary (`decided_summary`): at most PER_STUDY rows of a study per verdict, those its study.json
+    names as headline first, the rest counted and left to the whole table (docs/workflow.md's `decided_table`)."""
+    reg = claims.regime("paper regime", params=1_000_000, tokens=2_000_000)
+    d = {"regime": reg, "smallest_effect": claims.Sesoi(0.01, "a test's")}
+    entries = [claims.claim(f"a.win{i}", f"claim {i} holds", "nats", [0.07, 0.08, 0.06], "p", **d) for i in range(5)]
+    folder = tmp_path / "s1"
+    claims.write_claims(folder / "claims_a.json", entries)
+    (folder / "study.json").write_text(json.dumps(
+        {"name": "s1", "profile": "p", "seeds": [0, 1, 2], "commit": "abcdef0", "command": "c", "wall_time_s": 1,
+         "ledger": "claims_a.json", "headline": ["a.win4"]}))
+    whole, summary = studies.decided_table(tmp_path), studies.decided_summary(tmp_path)
+    assert sum("| claim " in line and "holds" in line for line in whole.splitlines()) == 5
+    rows = [line.split(" | ")[0].removeprefix("| ") for line in summary.splitlines() if "holds" in line]
+    assert rows == ["claim 4 holds", "claim 0 holds", "claim 1 holds"] and studies.PER_STUDY == 3
+    assert "**Reproduced** (5)" in summary and "and 2 more, at most 3 a study shown here" in summary
+
+
 @mutant("ledger-premises-ignored")
 def _(monkeypatch):
     monkeypatch.setattr(claims, "untested_reason", lambda premises: None)
