@@ -19,7 +19,7 @@ from test_train import FailAt, make_shards
 
 from scalelab.config import OptimizerConfig, ParamsError, load_params
 from scalelab.ledger import claims
-from scalelab.optbench import claims as claims_b, leaderboard, speedup
+from scalelab.optbench import claims as claims_b, leaderboard, premises, speedup
 from scalelab.optbench.data import Bench
 from scalelab.optbench import sweep as optbench, timing as optbench_timing
 from scalelab.model import Transformer
@@ -606,7 +606,7 @@ def test_an_edge_within_the_held_out_seed_spread_is_interior(params):
     for size in bench.sizes:
         cells["muon", size]["second"] = second
     held = [r["val_loss"] for r in runs if r["optimizer"] == "muon" and r["size"] == "a"]
-    assert claims_b.seed_spread(bench, cells, runs, "muon", "a")(1.0) == pytest.approx(statistics.stdev(held))
+    assert premises.seed_spread(bench, cells, runs, "muon", "a")(1.0) == pytest.approx(statistics.stdev(held))
     assert statistics.stdev(held) > 1e-3  # 1500 and 1800 tokens' worth apart
     p = _premise(_entries(bench, cells, runs)["b-wen-muon-leads-a"], "hyperparameters interior")
     assert p["passed"] and p["value"] == "none at an edge"
@@ -743,8 +743,8 @@ def test_the_interior_tolerance_is_the_smaller_of_the_seed_spread_and_the_smalle
     0.07 it is interior."""
     bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
     worth = _law(1000.0) - _law(1100.0)
-    assert worth < claims_b.seed_spread(bench, cells, runs, "muon", "a")(1.0)
-    assert claims_b.tolerance(bench, cells, runs, "muon", "a")(1.0) == pytest.approx(worth, rel=1e-3)
+    assert worth < premises.seed_spread(bench, cells, runs, "muon", "a")(1.0)
+    assert premises.tolerance(bench, cells, runs, "muon", "a")(1.0) == pytest.approx(worth, rel=1e-3)
     for gap, interior in ((0.075, False), (0.07, True)):
         second = {"weight_decay": {"values": [0.01, 0.03, 0.1], "scores": [3.0, 3.0 + gap, 3.2], "best": 0.01}}
         for size in bench.sizes:
@@ -891,21 +891,21 @@ def _(monkeypatch):
 
 @mutant("edge-premise-off")  # a tuned hyperparameter at an edge does not fail the claim's premise
 def _(monkeypatch):
-    real = claims_b.interior_premise
-    monkeypatch.setattr(claims_b, "interior_premise", lambda *a: {**real(*a), "passed": True})
+    real = premises.interior_premise
+    monkeypatch.setattr(premises, "interior_premise", lambda *a: {**real(*a), "passed": True})
 
 
 @mutant("second-edges-ignored")  # only the LR is checked for an edge, as before
 def _(monkeypatch):
     real = protocol.at_edge
-    monkeypatch.setattr(claims_b, "at_edge", lambda sweep, spread=0.0: [h for h in real(sweep, spread)
+    monkeypatch.setattr(premises, "at_edge", lambda sweep, spread=0.0: [h for h in real(sweep, spread)
                                                                         if h in ("lr", "nothing chosen")])
 
 
 @mutant("embedding-premise-off")  # the side group's LR is not compared with the baseline's
 def _(monkeypatch):
-    real = claims_b.embedding_premise
-    monkeypatch.setattr(claims_b, "embedding_premise", lambda *a: {**real(*a), "passed": True})
+    real = premises.embedding_premise
+    monkeypatch.setattr(premises, "embedding_premise", lambda *a: {**real(*a), "passed": True})
 
 
 @mutant("observations-decided")  # a row with no published claim gets a verdict
@@ -923,13 +923,13 @@ def _(monkeypatch):
 @mutant("interior-without-tolerance")  # an end that beats its neighbour by any margin is at the edge, as before
 def _(monkeypatch):
     real = protocol.at_edge
-    monkeypatch.setattr(claims_b, "at_edge", lambda sweep, spread=0.0: real(sweep, 0.0))
+    monkeypatch.setattr(premises, "at_edge", lambda sweep, spread=0.0: real(sweep, 0.0))
 
 
 @mutant("tuning-premise-off")  # arms that tuned different shared hyperparameters compared as equals
 def _(monkeypatch):
-    real = claims_b.tuning_premise
-    monkeypatch.setattr(claims_b, "tuning_premise", lambda *a: {**real(*a), "passed": True})
+    real = premises.tuning_premise
+    monkeypatch.setattr(premises, "tuning_premise", lambda *a: {**real(*a), "passed": True})
 
 
 @mutant("lr-last-ignored")  # the LR chosen before the second hyperparameters is kept
