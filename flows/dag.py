@@ -15,13 +15,15 @@ def _repo(root: Path, repo: Repo | None):
 
 
 def stage_graph(root: Path, repo: Repo | None = None) -> nx.DiGraph:
-    """DVC's pipeline stages by address (`name`, `name@cell`), edges from a stage to the stages it needs, `outs`."""
+    """DVC's pipeline stages by address (`name`, `name@cell`), edges from a stage to the stages it needs, `outs`
+    and `cmd`."""
     with _repo(root, repo) as repo:
         stages = [s for s in repo.index.stages if isinstance(s, PipelineStage)]
         graph = repo.index.graph.subgraph(stages)
         named = nx.relabel_nodes(graph, {s: s.addressing for s in stages})
         for s in stages:
             named.nodes[s.addressing]["outs"] = [Path(o.fs_path) for o in s.outs]
+            named.nodes[s.addressing]["cmd"] = s.cmd
     return named
 
 

@@ -216,7 +216,8 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
     warm_start = local and to_run and not placement.local_gpus() and os.environ.get(warm.WARM_ENV) != "0"
     try:
         # The warm server imports while the MLflow parent run is opened and the first stages start (they wait for it)
-        preload = warm.preload_for(s for s in order if changed is None or s in changed)
+        served = [s for s in order if changed is None or s in changed]
+        preload = warm.preload_for(served, {s: graph.nodes[s].get("cmd") for s in served})
         with (warm.server(root, logger.info, preload=preload) if warm_start else contextlib.nullcontext({}) as warm_env,
               tracking.pipeline_run(f"pipeline {flow_run.name}", experiment=_experiment(root), tags=tags) as parent):
             env = {tracking.FLOW_RUN_ENV: flow_run.id} | ({tracking.PARENT_ENV: parent.run_id} if parent.run_id else {})

@@ -303,6 +303,13 @@ def test_a_flow_preloads_what_its_stages_import_beyond_a_cell(tmp_path):
     """preload_for: the analysis and model-loading stages' imports, for those stages only; a server holding them still
     serves (none of them starts a thread), and its stage finds them imported and plots as a cold process would."""
     assert warm.preload_for(["validate", "pretrain@none-a-0"]) == warm.PRELOAD + warm.DVC_PRELOAD
+    # with their commands: the training stack only where one of them runs a stage script (it hands off to the
+    # server); a flow of other commands (a user's own scripts, tools) gets DVC alone
+    cmds = {"validate": "python stages/validate.py", "pretrain@none-a-0": "python stages/pretrain.py --cell none-a-0",
+            "a": "python stage.py a - a.txt", "b": ["python3 tools/b.py", "echo stages/b.py"], "c": None}
+    assert warm.preload_for(["a", "pretrain@none-a-0"], cmds) == warm.PRELOAD + warm.DVC_PRELOAD
+    assert warm.preload_for(["a", "b", "c"], cmds) == warm.DVC_PRELOAD
+    assert warm.preload_for(["a", "d"], cmds | {"d": ["echo start", "python stages/pretrain.py"]})[0] == "scalelab.train"
     extra = set(warm.preload_for(["leaderboard", "evaluate@none-c-0"])) - set(warm.PRELOAD) - set(warm.DVC_PRELOAD)
     assert extra == {"scipy.stats", "matplotlib.pyplot", "transformers:LlamaForCausalLM,Qwen3ForCausalLM"}
     plot = ('if sys.argv[1] == "plot":\n'

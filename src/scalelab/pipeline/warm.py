@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from scalelab.pipeline import forkcheck
@@ -73,9 +74,22 @@ DVC_PRELOAD = ("scalelab.pipeline.dvcrun", "dvc.cli.parser", "dvc.repo.reproduce
                "dvc_render", "configobj", "platformdirs", "pyparsing", "unittest")
 
 
-def preload_for(stages: Iterable[str]) -> tuple[str, ...]:
+# A command that runs one of the project's stage scripts (stages/<name>.py: each starts with stage_main, which hands
+# the process to the server); any other command (a user's own script, a shell tool) is never served
+STAGE_SCRIPT = re.compile(r"(?:^|\s)python3?\s+(?:\S*/)?stages/\w+\.py(?:\s|$)")
+
+
+def preload_for(stages: Iterable[str], cmds: Mapping[str, object] | None = None) -> tuple[str, ...]:
     """What the flow's server imports: PRELOAD, what the given stages (names, or matrix cells `stage@item`) import
-    beyond it, and DVC (DVC_PRELOAD), whose commands the flow hands to the server too."""
+    beyond it, and DVC (DVC_PRELOAD), whose commands the flow hands to the server too. With the stages' commands
+    (`cmds`, as dvc.yaml gives them), DVC alone where none of them runs a stage script (STAGE_SCRIPT): the server
+    would hold the training stack for no stage (~8 CPU s)."""
+    def runs_script(cmd: object) -> bool:  # dvc.yaml's cmd: one command, or a list of them
+        return any(STAGE_SCRIPT.search(c) for c in (cmd if isinstance(cmd, list) else [cmd or ""]))
+
+    stages = list(stages)
+    if cmds is not None and not any(runs_script(cmds.get(s)) for s in stages):
+        return DVC_PRELOAD
     extra = {spec for stage in stages for spec in STAGE_PRELOAD.get(stage.partition("@")[0], ())}
     return PRELOAD + tuple(sorted(extra)) + DVC_PRELOAD
 
