@@ -15,7 +15,7 @@ from test_optimizers import _batch, _entries, _law, _model, _premise, _synthetic
 from test_train import make_shards
 
 from scalelab.ledger import claims
-from scalelab.optbench import leaderboard, speedup
+from scalelab.optbench import claims as claims_b, leaderboard, speedup
 from scalelab.optbench.data import chosen
 from scalelab.config import OptBenchConfig, ParamsError, load_params
 from scalelab.model import Transformer
@@ -46,6 +46,10 @@ def _control(params, optim: dict | None = None, **ob):
              "muon_pinned": params.optim["muon"], **(optim or {})}
     raw = {**params.optimizers.model_dump(), "optimizers": ["adamw", "adamw_emb", "muon"], "pinned": ["muon_pinned"],
            "references": ["adamw_emb"], "max_runs": 40, **ob}
+    pin_to = raw.get("pin_to") or {}
+    if "pinned_cells" not in ob:
+        raw["pinned_cells"] = {f"{o}-{s}": {"optimizer": o, "size": s, "ref": pin_to.get(o, raw["baseline"])}
+                               for o in raw["pinned"] for s in raw["sizes"]}
     return params.model_copy(update={"optim": optim, "optimizers": OptBenchConfig(**raw)})
 
 
@@ -99,6 +103,14 @@ def test_a_pinned_arms_side_group_trains_at_the_baselines_tuned_lr(params):
         optbench.bench(bad)
     with pytest.raises(ValueError, match="also in optimizers.optimizers"):
         _control(params, pinned=["muon"])
+    # the pinned arms' stage cells (dvc.yaml's foreach) written out as pinned x sizes with each arm's reference
+    cells = _control(params).optimizers.pinned_cells
+    assert {k: c.ref for k, c in cells.items()} == {f"muon_pinned-{s}": "adamw" for s in params.optimizers.sizes}
+    wrong = {k: {**c.model_dump(), "ref": "adamw"} for k, c in emb.optimizers.pinned_cells.items()}
+    with pytest.raises(ValueError, match=r"optimizers.pinned_cells .* must be .*'ref': 'adamw_emb'"):
+        _control(params, pin_to={"muon_pinned": "adamw_emb"}, pinned_cells=wrong)
+    with pytest.raises(ValueError, match=r"optimizers.pinned_cells \{\} must be"):
+        _control(params, pinned_cells={})
 
 
 def test_the_embedding_control_trains_its_embeddings_at_lr_times_the_multiplier(params):
@@ -183,6 +195,10 @@ def test_claims_are_built_against_the_baseline_and_against_the_embedding_control
     assert claims.verdict_of(e["b-obs-adamw_emb-a"]) == "observation" and "embedding-LR control" in e[
         "b-obs-adamw_emb-a"]["published"]
     assert "b-obs-adamw_emb-a-vs-adamw_emb" not in e  # never against itself
+    # the embedding-LR effect itself: adamw_emb over adamw on adamw's curve (1.5x on both seeds)
+    emb = e["b-emb-adamw_emb-a"]
+    assert emb["effect"] == pytest.approx(0.5, rel=1e-3) and emb["n_seeds"] == 2 and "baseline's" in emb["metric"]
+    assert emb["smallest_effect"] == pytest.approx(0.1) and "embedding-LR control" in emb["published"]
     table = leaderboard.table(bench, cells, runs)
     row = table.filter((table["optimizer"] == "muon") & (table["size"] == "a")).row(0, named=True)
     assert row["speedup"] == pytest.approx(1.65, rel=1e-3) and row["speedup_vs_adamw_emb"] == pytest.approx(1.1)
@@ -194,6 +210,28 @@ def test_claims_are_built_against_the_baseline_and_against_the_embedding_control
         cells["muon", size]["pinned_lr"] = 3e-3
     assert _premise(_entries(bench, cells, runs)["b-wen-muon-leads-a"], "embeddings trained like the baseline's")[
         "value"].startswith("1x")
+
+
+def test_the_embedding_lr_pairs_each_treated_arm_with_its_own_control(params):
+    """The embedding-LR effect's pairs: the reference beyond the baseline against the baseline, and the arm pinned to
+    that reference against its twin of the same family pinned to the baseline; the pinned pair's effect is the ratio
+    of their speed-ups on the baseline's curve (1.5x and 1.2x: +0.25)."""
+    bench, cells, runs = _with_control(params, {"lr": 3e-3}, muon_lr=3e-3)
+    muon = bench.optim["muon"]
+    bench = dataclasses.replace(bench, optimizers=(*bench.optimizers, "muon_emb"),
+                                optim={**bench.optim, "muon_emb": muon})
+    for size in bench.sizes:
+        cells["muon", size]["pinned_to"] = "adamw"
+        cells["muon_emb", size] = {**copy.deepcopy(cells["muon", size]), "pinned_to": "adamw_emb"}
+    for r in [r for r in runs if r["optimizer"] == "muon"]:
+        r["val_loss"] = _law(1200.0)
+        runs.append({**r, "optimizer": "muon_emb", "val_loss": _law(1500.0)})
+    assert claims_b.embedding_pairs(bench, cells, "a") == [("adamw_emb", "adamw"), ("muon_emb", "muon")]
+    e = _entries(bench, cells, runs)["b-emb-muon_emb-a-vs-muon"]
+    assert e["effect"] == pytest.approx(0.25, rel=1e-3) and "muon_emb over muon" in e["metric"]
+    assert all(p["passed"] for p in e["premises"]), e["premises"]
+    cells["muon_emb", "a"]["pinned_to"] = "adamw"  # both pinned to the baseline: no treatment, no pair
+    assert claims_b.embedding_pairs(bench, cells, "a") == [("adamw_emb", "adamw")]
 
 
 # ---------------------------------------------------------------- the protocol
@@ -246,8 +284,9 @@ def test_a_second_hyperparameter_at_an_edge_is_extended_by_the_lrs_rule(params):
 def test_a_references_lr_is_retuned_at_every_data_budget(params):
     """The references' LR is chosen again at each other budget: 3 points at the grid's ratio around the budget-1
     LR, extended past an edge (here the optimum halves with 4x the data: two points below); the reruns at each budget
-    use that budget's choice, only for the references; the reference curve reads those runs, and a retuned LR left
-    at an edge is named among the edges."""
+    use that budget's choice, only for the references; the baseline's held-out reruns add its default recipe and its
+    LR alone tuned; the reference curve reads those runs, and a retuned LR left at an edge is named among the
+    edges."""
     sub = _control(params, max_extra=2)
     best = {"lr": 3e-3, "weight_decay": 0.3}
 
@@ -264,6 +303,15 @@ def test_a_references_lr_is_retuned_at_every_data_budget(params):
     assert sorted((hp["lr"], b) for hp, s, b, _ in jobs if s == 2) == sorted(
         [(3e-3, 1.0), (6e-3, 0.25), (4e-3, 0.5), (2e-3, 2.0)])
     assert {b for _, _, b, _ in protocol.rerun_jobs(ob, "muon", {"lr": 3e-3}, per_budget, None)} == {1.0}
+    # the baseline also at its default recipe and at its LR alone tuned (the first pass's choice, the rest default),
+    # each on every held-out seed; neither where it is a run already there, and no other arm gets them
+    tuned, default, lr_only = {"lr": 3e-3, "weight_decay": 0.3}, {"lr": 1e-3}, {"lr": 6e-3}
+    extra = {str(hp): sorted(s for h, s, b, _ in protocol.rerun_jobs(ob, "adamw", tuned, {}, default, lr_only)
+                             if h == hp and b == 1.0) for hp in (tuned, default, lr_only)}
+    assert extra == dict.fromkeys(map(str, (tuned, default, lr_only)), ob.rerun_seeds)
+    assert len(protocol.rerun_jobs(ob, "adamw", tuned, {}, default, default)) == 2 * len(ob.rerun_seeds)
+    assert len(protocol.rerun_jobs(ob, "adamw", tuned, {}, default, tuned)) == 2 * len(ob.rerun_seeds)
+    assert len(protocol.rerun_jobs(ob, "adamw_emb", tuned, {}, default, lr_only)) == len(ob.rerun_seeds)
     # the curve: the baseline's runs at the budget-1 LR and at each budget's own; the reference reads the latter
     bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
     for r in [r for r in runs if r["optimizer"] == "adamw" and r["budget"] != 1.0]:
@@ -342,12 +390,13 @@ def test_the_size_study_profile_and_spec_validate():
 def test_the_2x2_profile_matches_embeddings_at_1x_chinchilla_with_every_arm_tuned_alike():
     """configs/optbench-2x2.yaml: {adamw, muon} x {embeddings at adamw's tuned LR, at adamw_emb's}: muon_pinned pinned
     to adamw, muon_emb to adamw_emb; one size, xxs, at 20 tokens per non-embedding parameter (within 5%); every arm
-    tunes the shared hyperparameters and its LR again after them; 3 held-out seeds; the references over 5 budgets.
-    The spec names it."""
+    tunes the shared hyperparameters and its LR again after them; 5 held-out seeds; the references over 5 budgets;
+    the claims read the profile's own validation tokens. The spec names it, and its grid (as DVC resolves it) runs
+    each pinned arm after its own reference's sweep, keyed by that reference's params."""
     from scalelab.config.optbench import SHARED_HPS
     from scalelab.ledger import studies
     from scalelab.optbench.data import Bench
-    from scalelab.study import spec
+    from scalelab.study import grid, spec
 
     p = load_params(ROOT / "configs" / "optbench-2x2.yaml")
     ob = optbench.bench(p)
@@ -355,13 +404,20 @@ def test_the_2x2_profile_matches_embeddings_at_1x_chinchilla_with_every_arm_tune
     assert {o: ob.pinned_to(o) for o in ob.pinned} == {"muon_pinned": "adamw", "muon_emb": "adamw_emb"}
     assert {p.optim[o].name for o in ob.pinned} == {"muon"} and ob.sizes == ["xxs"]
     assert all(set(SHARED_HPS) <= set(ob.second[o]) for o in ob.arms) and ob.lr_last
-    assert len(ob.rerun_seeds) == 3 and len(ob.budgets) == 5 and 1.0 in ob.budgets
+    assert len(ob.rerun_seeds) == 5 and len(ob.budgets) == 5 and 1.0 in ob.budgets
+    assert ob.val_tokens == p.pretrain.val_tokens and ob.val_every == p.pretrain.val_every
     model = Transformer(p.resolve_model("xxs", ob.variant, vocab_size=p.tokenizer.vocab_size))
     rest = model.num_params() - Bench.from_params(p).embedding_params["xxs"]
     tokens = ob.max_steps * p.pretrain.batch_size * p.pretrain.seq_len
     assert tokens / rest == pytest.approx(20.0, rel=0.05), (tokens, rest)
     s = spec.load(ROOT, "optbench-2x2")
     assert s.profile == Path("configs/optbench-2x2.yaml") and studies.generator(s.generator).__name__ == "study"
+    pinned = {c.address: c for c in grid.plan_grid(s, ROOT).cells if c.stage.startswith("optimizers_pinned")}
+    assert set(pinned) == {f"optimizers_pinned{k}@{o}-xxs" for k in ("", "_seeds") for o in ob.pinned}
+    for address, cell in pinned.items():
+        ref = ob.pinned_to(cell.item["optimizer"])
+        assert f"optimizers@{ref}-xxs" in cell.upstream, address
+        assert f"optim.{ref}" in cell.params["params.yaml"], address
 
 
 def test_the_study_generator_reads_the_committed_cells(params, tmp_path):

@@ -52,6 +52,14 @@ BOUNDED = ("momentum", "beta1", "beta2")  # in (0, 1): moved on 1 − β
 SHARED_HPS = ("weight_decay", "warmup")
 
 
+class PinnedCell(Strict):
+    """One stage cell of a pinned arm, as dvc.yaml's `foreach` reads it: the arm, the size and its reference."""
+
+    optimizer: Name
+    size: Name
+    ref: Name  # the reference arm whose sweep it reads (and depends on, and is keyed by): pin_to's, or the baseline
+
+
 class OptBenchConfig(Strict):
     optimizers: list[Name]  # keys of params `optim`: the matrix axis of the sweep
     # matrix-family keys of `optim` whose AdamW side group trains at the baseline's tuned LR (run after its sweep)
@@ -59,6 +67,12 @@ class OptBenchConfig(Strict):
     # pinned arm -> the AdamW arm (the baseline or one of `references`) whose tuned LR, decay, betas and embedding LR
     # multiplier its side group takes; a pinned arm not named here is pinned to the baseline
     pin_to: dict[Name, Name] = {}
+    # The pinned arms' stage cells, `{arm}-{size}` -> {optimizer, size, ref}: dvc.yaml iterates over it (`foreach`), so
+    # each cell depends on its own reference's sweep and its key holds that reference's params, which a matrix of
+    # pinned x sizes cannot say (DVC interpolates no lookup). Written out in the profile, checked equal to pinned x
+    # sizes with pin_to (`expected_pinned_cells`), as compress.source_dep is checked against its source. None: params
+    # written before it (a committed study's record, read again); DVC itself refuses such a profile with pinned arms.
+    pinned_cells: dict[str, PinnedCell] | None = None
     references: list[Name] = []  # more arms treated as the baseline (budgets, retuned LRs); claims built against each
     sizes: Annotated[list[Name], Field(min_length=1)]  # keys of model.sizes (≥ 2 for the claims' scale dependence)
     variant: Name = "standard"  # the paper's Pre-Norm model with one γ per norm
@@ -113,6 +127,10 @@ class OptBenchConfig(Strict):
         if bad := sorted(set(self.pin_to.values()) - set(self.reference_arms)):
             raise ValueError(f"optimizers.pin_to: {bad} not a reference arm {self.reference_arms} (a pinned arm "
                              "takes a reference's tuned side-group hyperparameters)")
+        have = None if self.pinned_cells is None else {k: c.model_dump() for k, c in self.pinned_cells.items()}
+        if have is not None and have != (want := self.expected_pinned_cells()):
+            raise ValueError(f"optimizers.pinned_cells {have} must be {want} (one per pinned arm and size, each with "
+                             "the reference pin_to gives it)")
         for opt, hps in self.second.items():
             if opt not in self.arms:
                 raise ValueError(f"optimizers.second: {opt!r} is not in optimizers.optimizers {self.arms}")
@@ -147,6 +165,11 @@ class OptBenchConfig(Strict):
         """The reference arm whose tuned side-group hyperparameters pinned arm `optimizer` takes (None: not
         pinned)."""
         return self.pin_to.get(optimizer, self.baseline) if optimizer in self.pinned else None
+
+    def expected_pinned_cells(self) -> dict[str, dict[str, str]]:
+        """What `pinned_cells` must hold: every pinned arm at every size, with the reference it is pinned to."""
+        return {f"{o}-{s}": {"optimizer": o, "size": s, "ref": self.pinned_to(o)}
+                for o in self.pinned for s in self.sizes}
 
     def lr_grid(self, centre: PosFloat, points: int | None = None) -> list[float]:
         """The log-spaced grid of `points` (default lr_points) centred (geometrically) on `centre`, its middle

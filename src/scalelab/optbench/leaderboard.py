@@ -19,7 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
-from scalelab.optbench.claims import seed_spread
+from scalelab.optbench.premises import seed_spread
 from scalelab.optbench.papers import CONTROL, published
 from scalelab.optbench.data import Bench, finals, ok, read_study, run_size
 from scalelab.optbench.speedup import fit_dof, per_seed, speedup_text, summarise

@@ -173,12 +173,14 @@ def retune_lr(params: Params, optimizer: str, chosen: dict, trial: Callable[[dic
 
 
 def rerun_jobs(ob: OptBenchConfig, optimizer: str, best: dict | None, budget_best: dict[float, dict | None],
-               default: dict | None) -> list[Job]:
+               default: dict | None, lr_only: dict | None = None) -> list[Job]:
     """The held-out reruns (step 3) of the choice `best`: on every rerun seed; a reference (the baseline and each of
     `references`) also at every other data budget with the hyperparameters chosen there (`budget_best`: {budget:
-    `retune_lr`'s best_hp}); the baseline also at its default recipe `default` where that differs from the choice; and
-    at batch_factor × the batch for the same tokens for each of `batch_optimizers` (and the baseline when there are
-    any), at the LR chosen at 1x. Nothing chosen (every run diverged): no reruns."""
+    `retune_lr`'s best_hp}); the baseline also at its default recipe `default` and at `lr_only` (the first LR pass's
+    choice, every other hyperparameter at its default: what tuning the LR alone gives, Wen et al.'s weak-baseline
+    comparison) where each differs from the runs before it; and at batch_factor × the batch for the same tokens for
+    each of `batch_optimizers` (and the baseline when there are any), at the LR chosen at 1x. Nothing chosen (every
+    run diverged): no reruns."""
     if best is None:
         return []
     seeds = ob.rerun_seeds
@@ -187,6 +189,8 @@ def rerun_jobs(ob: OptBenchConfig, optimizer: str, best: dict | None, budget_bes
         jobs += [(budget_best[b], s, b, 1) for b in ob.budgets if b != 1.0 and budget_best.get(b) for s in seeds]
     if optimizer == ob.baseline and default is not None and default != best:
         jobs += [(default, s, 1.0, 1) for s in seeds]
+    if optimizer == ob.baseline and lr_only is not None and lr_only not in (best, default):
+        jobs += [(lr_only, s, 1.0, 1) for s in seeds]
     if optimizer in ob.batch_optimizers or (optimizer == ob.baseline and ob.batch_optimizers):
         jobs += [(best, s, 1.0, ob.batch_factor) for s in seeds]
     return jobs

@@ -11,6 +11,8 @@ A fit that is not identified (scalelab.ledger.powerlaw: dof ≤ 0, α or the asy
 no curve to read: the speed-up then falls back to interpolation between the two measured budgets whose losses
 bracket the optimizer's, linear in log D (log D = log D_i + (L_i − L)/(L_i − L_(i+1))·(log D_(i+1) − log D_i)),
 labelled "interpolated" (kind INTERP) wherever it is shown; it needs the measured losses to fall with the budget.
+When one held-out seed's fit is not identified, every seed of that comparison is interpolated (its seeds' values are
+then read the same way, never a mix of fitted and interpolated).
 
 Whether a loss is inside the range is decided on the baseline's measured losses on that seed, not on the fit: a loss
 below the lowest the baseline reached over its budgets gives a bound "> D_max / D_opt", above the highest
@@ -74,17 +76,17 @@ class Reference:
                 return math.exp(math.log(d0) + (l0 - loss) / (l0 - l1) * (math.log(d1) - math.log(d0)))
         raise ValueError(f"loss {loss} outside the measured losses")
 
-    def speedup(self, loss: float, tokens: float) -> tuple[float, str]:
-        """(value, kind) of D_base(loss) / tokens (module doc): kind INSIDE (off the fit) or INTERP (interpolated)
-        when `loss` lies within the measured losses, ABOVE/BELOW a bound at the largest/smallest budget's tokens
-        otherwise."""
+    def speedup(self, loss: float, tokens: float, interpolate: bool = False) -> tuple[float, str]:
+        """(value, kind) of D_base(loss) / tokens (module doc): kind INSIDE (off the fit) or INTERP (interpolated:
+        the fit not identified, or `interpolate`) when `loss` lies within the measured losses, ABOVE/BELOW a bound at
+        the largest/smallest budget's tokens otherwise."""
         losses = [v for _, v in self.points]
         lo, hi = self.points[0][0], self.points[-1][0]
         if loss < min(losses):
             return hi / tokens, ABOVE
         if loss > max(losses):
             return lo / tokens, BELOW
-        if not self.identified:
+        if interpolate or not self.identified:
             return self._interpolate(loss) / tokens, INTERP
         d = self.fit.law.inverse(loss)
         return (d / tokens, INSIDE) if math.isfinite(d) else (hi / tokens, ABOVE)
@@ -123,15 +125,19 @@ def per_seed(bench: Bench, cells: dict, runs: list[dict], opt: str, size: str, h
     claim)."""
     hp = hp if hp is not None else cells[opt, size]["best_hp"]
     mine = finals(runs, opt, size, hp)
+    curves = {seed: reference(bench, cells, runs, size, seed, ref) for seed in bench.rerun_seeds}
+    # one seed's fit not identified: every seed is interpolated, so the seeds' values are read the same way
+    every = any(not c.identified for c in curves.values())
     out: dict[int, tuple[float | None, str]] = {}
-    for seed in bench.rerun_seeds:
-        curve, r = reference(bench, cells, runs, size, seed, ref), mine.get(seed)
+    for seed, curve in curves.items():
+        r = mine.get(seed)
         if not ok(r):
             out[seed] = (None, f"seed {seed} diverged" if r else f"seed {seed}: no run")
-        elif curve.why_not:
-            out[seed] = (None, curve.why_not)
+        elif curve.why_not or (every and not curve.falling):
+            out[seed] = (None, curve.why_not or "the measured losses do not fall with the budget (no interpolation, "
+                         "and another seed's fit is not identified)")
         else:
-            out[seed] = curve.speedup(r["val_loss"], r["tokens"])
+            out[seed] = curve.speedup(r["val_loss"], r["tokens"], interpolate=every)
     return out
 
 

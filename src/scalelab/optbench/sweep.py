@@ -133,8 +133,11 @@ def seeds_cell(params: Params, optimizer: str, size: str, sweep: dict, out_dir: 
         for b in [b for b in ob.budgets if b != 1.0]:
             tunes[b] = retune_lr(params, optimizer, best, lambda hp: score([run(hp, s, b) for s in ob.sweep_seeds]))
     default = normal(params, optimizer, {"lr": params.optim[optimizer].lr})
+    # the LR alone tuned: the first pass's choice (before the second hyperparameters), the rest at their defaults
+    first = sweep.get("lr_first", sweep["best_lr"])
+    lr_only = None if first is None else normal(params, optimizer, {"lr": first})
     for hp, s, b, k in rerun_jobs(ob, optimizer, best and normal(params, optimizer, best),
-                                  {b: t["best_hp"] for b, t in tunes.items()}, default):
+                                  {b: t["best_hp"] for b, t in tunes.items()}, default, lr_only):
         run(hp, s, b, k)
     return {"optimizer": optimizer, "size": size, "best_lr": sweep["best_lr"], "best_hp": best,
             **({k: sweep[k] for k in ("pinned_lr", "pinned_side", "pinned_to") if k in sweep}),
