@@ -51,3 +51,16 @@ def test_a_process_forked_by_the_warm_server_counts_as_a_stage():
     assert by_kind["warm server"] == 8.0 and by_kind["stage"] == 6.0 and by_kind["dvc (the flow's, per stage)"] == 1.5
     assert "pytest worker" not in by_kind
     assert "3.5  t::a" in text  # a test's subprocesses: the forked stage, its DVC forked and cold
+
+
+@pytest.mark.parametrize("cmd, kind", [
+    # MLflow's server is a uvicorn as Prefect's temporary one is: each counted by its app
+    ("/v/bin/python -m uvicorn --log-config /v/mlflow/server/uvicorn_log_config.yaml --host 127.0.0.1 --port 1 "
+     "--workers 1 mlflow.server.fastapi_app:app", "mlflow server"),
+    ("/v/bin/python -m uvicorn --app-dir /v/site-packages --factory prefect.server.api.server:create_app "
+     "--host 127.0.0.1 --port 2", "prefect server"),
+    ("/v/bin/python /v/bin/prefect server start --host 127.0.0.1 --port 3", "prefect server"),
+    ("/v/bin/python /v/bin/mlflow server --backend-store-uri postgresql://x", "mlflow server"),
+])
+def test_each_server_is_counted_as_its_own_kind(cmd, kind):
+    assert suite_cpu.kind_of(cmd) == kind

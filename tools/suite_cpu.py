@@ -39,8 +39,10 @@ KINDS = (
     ("dvc", r"-m dvc\b|bin/dvc\b|dvc/__main__"),
     ("stage", r"stages/\w+\.py|scalelab\.pipeline\.check|pipeline/check\.py"),
     ("flow", r"flows/pipeline\.py|workspace\.py build|scalelab study|scalelab repro|pipeline/cli\.py"),
-    ("prefect server", r"uvicorn|prefect server"),
-    ("mlflow server", r"mlflow (server|ui)|gunicorn|huey"),
+    # MLflow's server is a uvicorn too (mlflow.server.fastapi_app): matched first, by its app, so a Prefect server is
+    # counted by its own (prefect.server.api, the temporary one; `prefect server`, the CLI's)
+    ("mlflow server", r"mlflow (server|ui)|mlflow\.server\.|gunicorn|huey"),
+    ("prefect server", r"prefect\.server\.api|prefect server"),
     ("browser", r"chrom"),
     ("postgres", r"postgres"),
     ("sshd", r"sshd|ssh "),
