@@ -11,6 +11,7 @@ from dvc.utils.serialize import _yaml
 from scalelab.pipeline import dvcrun
 
 DVC_DUMP = _yaml._dump  # DVC's own dumper, as collected (before any test patches it)
+DVC_FOR_UPDATE = _yaml.parse_yaml_for_update  # and its round-trip read
 
 LOCK_DATA = {"schema": "2.0", "stages": {
     "pretrain@standard-xs-0": {
@@ -122,3 +123,54 @@ def test_the_splice_writes_what_the_whole_dump_writes():
         DVC_DUMP(new, expected)
         assert lockfile.splice(text, json.loads(json.dumps(old)), new, DVC_DUMP) == expected.getvalue()
     assert lockfile.splice(text, old, changed | {"schema": "3.0"}, DVC_DUMP) is None
+
+
+def test_each_text_is_parsed_once_and_every_call_gets_its_own_copy():
+    """DVC's safe parse, patched: a text read again is not parsed again, and each call gets a fresh object (DVC edits
+    what it loads); a text marshal cannot copy (a YAML date) is parsed each time; dvc.yaml's and dvc.lock's loader
+    (strictyaml) and params' (load_yaml) go through it."""
+    import datetime
+
+    from dvc.utils import strictyaml
+
+    dvcrun.patch()
+    text = f"# {os.getpid()} {id(object())}\nstages:\n  a: {{x: [1, 2.5, null, true], y: 'no'}}\n"
+    first = _yaml.parse_yaml(text, "dvc.lock")
+    first["stages"]["a"]["x"].append(9)
+    hits = dvcrun._parsed.cache_info().hits
+    second = _yaml.parse_yaml(text, "dvc.lock")
+    assert second == {"stages": {"a": {"x": [1, 2.5, None, True], "y": "no"}}}
+    assert dvcrun._parsed.cache_info().hits == hits + 1
+    assert strictyaml.parse_yaml is _yaml.parse_yaml and _yaml.parse_yaml(text, "x") is not second
+    dated = "when: 2026-12-07\n"
+    assert _yaml.parse_yaml(dated, "params.yaml") == {"when": datetime.date(2026, 12, 7)}
+    assert _yaml.parse_yaml(dated, "params.yaml") == {"when": datetime.date(2026, 12, 7)}
+
+
+def test_every_dvc_command_in_a_scalelab_project_gets_the_patches(tmp_path, monkeypatch):
+    """The venv's hook (scalelab.pipeline.interpreter.guarded) patches DVC in a scalelab project, for any command
+    (`dvc status` here), and leaves DVC as it is in any other project."""
+    from dvc import rwlock
+    from dvc.utils import strictyaml
+    from dvc.utils.serialize import _common
+
+    from scalelab.pipeline import interpreter
+
+    seen = []
+    for project, scalelab in (("other", False), ("ours", True)):
+        for module, name in ((_yaml, "parse_yaml"), (_yaml, "parse_yaml_for_update"), (_yaml, "_dump"),
+                             (_yaml, "_dump_data"), (strictyaml, "parse_yaml"), (_common, "_dump_data"),
+                             (rwlock, "_edit_rwlock")):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, getattr(module, name))  # undone after the test, patched or not
+        monkeypatch.setattr(_yaml, "parse_yaml_for_update", DVC_FOR_UPDATE)  # unpatched, whatever ran before
+        root = tmp_path / project
+        (root / ".dvc").mkdir(parents=True)
+        (root / "params.yaml").write_text("seed: 0\n")
+        (root / "dvc.yaml").write_text(f"stages:\n  s: {{cmd: python -m {'scalelab.x' if scalelab else 'x'}}}\n")
+        monkeypatch.chdir(root)
+        code = interpreter.guarded(lambda argv: seen.append(
+            getattr(_yaml.parse_yaml_for_update, "scalelab", False)) or 0)(["status"])
+        assert code == 0
+        monkeypatch.undo()
+    assert seen == [False, True]

