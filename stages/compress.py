@@ -12,17 +12,24 @@ per layer: rank, layer loss, loss relative to SVD-LLM, erank before/after, secon
 table and every SigmaScale map's converged scalings, so a rerun, another cell or another machine reuses them.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params, ParamsError
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def run(params: Params, args: argparse.Namespace) -> None:
+    from scalelab.config import ParamsError
+
     cfg = params.compress
     if cfg is None:
         raise ParamsError("params has no compress section")

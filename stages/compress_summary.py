@@ -8,14 +8,21 @@ kept fraction, SigmaScale's convergence, the SigmaScale methods run as a smoke t
 files; a smoke run enters no claim), plots/compress.csv.
 """
 
+from __future__ import annotations
+
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params, ParamsError
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def main(params: Params) -> None:
+    from scalelab.config import ParamsError
+
     cfg = params.compress
     if cfg is None:
         raise ParamsError("params has no compress section")

@@ -8,16 +8,23 @@ Outs: metrics/evaluate/<name>.json, data/evaluate/<name>/mlflow_run.json. MLflow
 linked to the model's logged model and to the validation split.
 """
 
+from __future__ import annotations
+
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import CELL_EXPORT, Params, ParamsError
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def target(params: Params, args: argparse.Namespace) -> tuple[str, str, str, dict | None]:
     """(name, model folder, dtype, pretrain-cell identity or None), checked against params before any compute."""
+    from scalelab.config import CELL_EXPORT, ParamsError
+
     cfg = params.evaluate
     if cfg is None:
         raise ParamsError("params has no `evaluate` section")

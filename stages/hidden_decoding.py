@@ -9,15 +9,22 @@ extra embedding tables and hidden_decoding.json, curve.csv, metrics.json)}, metr
 plots/hidden_decoding/<cell>-<seed>.csv.
 """
 
+from __future__ import annotations
+
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params, ParamsError
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def train(params: Params, args: argparse.Namespace) -> None:
+    from scalelab.config import ParamsError
+
     hd = params.hidden_decoding
     if hd is None:
         raise ParamsError("params has no hidden_decoding section")

@@ -7,14 +7,21 @@ Outs: data/hidden_decoding_summary/{cells.csv, gain_vs_n.png, curves.png, mlflow
 metrics/hidden_decoding.json, metrics/claims_c.json, plots/hidden_decoding_gain.csv.
 """
 
+from __future__ import annotations
+
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params, ParamsError
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def main(params: Params) -> None:
+    from scalelab.config import ParamsError
+
     hd = params.hidden_decoding
     if hd is None:
         raise ParamsError("params has no hidden_decoding section")

@@ -5,12 +5,17 @@ model-consuming phase can use offline. A profile that needs none (the tests' mic
 Outs: models/<name>, metrics/import_model/<name>.json (parameters, seconds).
 """
 
+from __future__ import annotations
+
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 def main(params: Params) -> None:
     from scalelab import tracking

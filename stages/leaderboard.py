@@ -5,12 +5,17 @@ claims_b.md, mlflow_run.json}, metrics/optimizers/leaderboard.json, metrics/clai
 plots/optimizers/lr_sensitivity.csv.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def main(params: Params) -> None:

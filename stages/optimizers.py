@@ -15,6 +15,8 @@ its checkpoint and result.json, reused or resumed by a rerun), metrics/optimizer
 plots/optimizers/<stage>/<optimizer>-<size>.csv (validation curves).
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -22,12 +24,17 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params, ParamsError
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def main(params: Params, args: argparse.Namespace) -> None:
+    from scalelab.config import ParamsError
+
     start = time.perf_counter()
     if params.optimizers is None:
         raise ParamsError("params has no `optimizers` section (the optimizer benchmark, config/optbench.py)")

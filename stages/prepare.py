@@ -8,11 +8,16 @@ source and its revision); beside the data, mlflow_run.json, the MLflow run's poi
 same corpus and params hash the same on every run).
 """
 
+from __future__ import annotations
+
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def main(params: Params) -> None:

@@ -7,17 +7,24 @@ dense Pre-Norm cells hf/: the folded Llama/Qwen3 export with the tokenizer, what
 metrics/pretrain/<cell>.json, plots/pretrain/<cell>.csv.
 """
 
+from __future__ import annotations
+
 import argparse
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params, ParamsError
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def train(params: Params, args: argparse.Namespace) -> None:
+    from scalelab.config import ParamsError
+
     if args.recipe not in params.pretrain.recipes:
         raise ParamsError(f"--recipe {args.recipe!r}: not in pretrain.recipes ({sorted(params.pretrain.recipes)})")
     recipe = params.pretrain.recipes[args.recipe]

@@ -6,11 +6,16 @@ metrics/report.json, plots/report/val_loss_curves.csv. MLflow: the report's file
 parent run (and of its own run); under the Prefect flow, the flow publishes report.md as a markdown artifact.
 """
 
+from __future__ import annotations
+
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 OUT, CURVES = Path("data/report"), Path("plots/report/val_loss_curves.csv")
 

@@ -4,12 +4,17 @@ Outs: data/scaling/{cells.csv, summary.csv, fits.csv, paired.csv, claims_a.md, c
 mlflow_run.json}, metrics/scaling.json, metrics/claims_a.json, plots/scaling.csv.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def main(params: Params) -> None:

@@ -7,12 +7,17 @@ script (Python puts the script's folder first on sys.path), breaking all of them
 Outs: data/tokens/{train.bin, val.bin, meta.json, mlflow_run.json}, metrics/tokenize.json.
 """
 
+from __future__ import annotations
+
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def main(params: Params) -> None:

@@ -4,12 +4,17 @@ Outs: data/tokenizer/tokenizer.json (+ mlflow_run.json), metrics/tokenizer.json 
 bytes per token on val).
 """
 
+from __future__ import annotations
+
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalelab.config import Params
 from scalelab.pipeline.stage import stage_main
+
+if TYPE_CHECKING:  # imported where used: a warm stage's process hands off before it (scalelab.pipeline.stage)
+    from scalelab.config import Params
 
 
 def main(params: Params) -> None:
