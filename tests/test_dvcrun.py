@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from dvc.utils.serialize import _yaml
 
-from scalelab.pipeline import dvcrun
+from scalelab.pipeline import dvcrun, yamlcache
 
 DVC_DUMP = _yaml._dump  # DVC's own dumper, as collected (before any test patches it)
 DVC_FOR_UPDATE = _yaml.parse_yaml_for_update  # and its round-trip read
@@ -137,10 +138,10 @@ def test_each_text_is_parsed_once_and_every_call_gets_its_own_copy():
     text = f"# {os.getpid()} {id(object())}\nstages:\n  a: {{x: [1, 2.5, null, true], y: 'no'}}\n"
     first = _yaml.parse_yaml(text, "dvc.lock")
     first["stages"]["a"]["x"].append(9)
-    hits = dvcrun._parsed.cache_info().hits
+    hits = yamlcache.parsed.cache_info().hits
     second = _yaml.parse_yaml(text, "dvc.lock")
     assert second == {"stages": {"a": {"x": [1, 2.5, None, True], "y": "no"}}}
-    assert dvcrun._parsed.cache_info().hits == hits + 1
+    assert yamlcache.parsed.cache_info().hits == hits + 1
     assert strictyaml.parse_yaml is _yaml.parse_yaml and _yaml.parse_yaml(text, "x") is not second
     dated = "when: 2026-12-07\n"
     assert _yaml.parse_yaml(dated, "params.yaml") == {"when": datetime.date(2026, 12, 7)}
@@ -174,3 +175,39 @@ def test_every_dvc_command_in_a_scalelab_project_gets_the_patches(tmp_path, monk
         assert code == 0
         monkeypatch.undo()
     assert seen == [False, True]
+
+
+def test_a_parse_is_stored_for_the_next_process_and_the_lock_writer_stores_what_it_wrote(tmp_path, monkeypatch):
+    """Under a project's .dvc/tmp: a text parsed once is read back by a later process without parsing (here: the
+    in-process memo cleared, ruamel's loader broken); dvc.lock as DVC writes it is stored as written, so the next
+    read of it parses nothing either; a lock holding a type the safe loader would not give back (a tuple) is not stored,
+    nor is anything outside a DVC project; the store keeps its newest entries."""
+    from dvc.utils.serialize import _common
+    from ruamel.yaml import YAML
+
+    dvcrun.patch()
+    (tmp_path / ".dvc").mkdir()
+    params, lock = str(tmp_path / "params.yaml"), str(tmp_path / "dvc.lock")
+    text = f"seed: {os.getpid()}\nlr: 3.0e-3\nnames: [a, 'yes', null]\n"
+    assert _yaml.parse_yaml(text, params) == {"seed": os.getpid(), "lr": 3.0e-3, "names": ["a", "yes", None]}
+    yamlcache.parsed.cache_clear()  # as a new process
+    with monkeypatch.context() as mp:
+        mp.setattr(YAML, "load", lambda *a, **k: pytest.fail("parsed again"))
+        assert _yaml.parse_yaml(text, params)["names"] == ["a", "yes", None]
+        _common._dump_data(lock, LOCK_DATA, dumper=_yaml._dump)  # DVC's write of dvc.lock
+        yamlcache.parsed.cache_clear()
+        assert _yaml.parse_yaml((tmp_path / "dvc.lock").read_text(), lock) == LOCK_DATA
+        with pytest.raises(pytest.fail.Exception):  # outside a project: parsed as DVC would
+            _yaml.parse_yaml(text, str(tmp_path / "elsewhere" / "params.yaml"))
+    with_tuple = {"schema": "2.0", "stages": {"s": {"cmd": "x", "outs": ("o",)}}}
+    _common._dump_data(lock, with_tuple, dumper=_yaml._dump)
+    yamlcache.parsed.cache_clear()
+    with monkeypatch.context() as mp:
+        mp.setattr(YAML, "load", lambda *a, **k: pytest.fail("parsed again"))
+        with pytest.raises(pytest.fail.Exception):  # not stored: its text is parsed
+            _yaml.parse_yaml((tmp_path / "dvc.lock").read_text(), lock)
+    assert not yamlcache.plain({"a": (1,)}) and not yamlcache.plain({1: "a"}) and not yamlcache.plain(float("nan"))
+    assert yamlcache.plain(LOCK_DATA)
+    for i in range(2 * yamlcache.KEEP + 1):
+        yamlcache._save(f"n: {i}\n", params, b"N")
+    assert len(list((tmp_path / yamlcache.FOLDER).iterdir())) <= 2 * yamlcache.KEEP

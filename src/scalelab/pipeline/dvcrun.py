@@ -9,10 +9,8 @@ layout for the next dump and is pure Python: with the default DAG's 102 stages (
 only by DVC and holds no comments; the safe loader (ruamel's C parser) reads it in 0.4 s, and DVC's own dumper writes
 the same bytes from the plain data (tests/test_dvcrun.py). dvc.yaml and every other file keep the round-trip loader.
 
-Then, one command parses the same text again and again: a `dvc exp run` of one micro cell safe-loaded dvc.yaml,
-dvc.lock and params.yaml 47 times (each Repo, index and stage load reads them afresh), ~3 of its ~9 CPU s. The safe
-parse is a function of the text alone, so each text is parsed once per process and every later call gets a copy of
-that result (marshal's, at C speed: a fresh object, as a parse returns, whatever DVC then changes in it).
+Then, DVC's safe parses go through scalelab.pipeline.yamlcache: each text is parsed once per process and, under the
+project's .dvc/tmp, once per project (the writer of dvc.lock stores what it wrote), not 47 times a `dvc exp run`.
 
 Second, every file DVC writes (dvc.lock, dvc.yaml, its rwlock of running stages) is written under a temporary name and
 renamed over the old one once complete. DVC truncates and rewrites them in place: a whole-flow kill -9 in the middle
@@ -24,13 +22,13 @@ every stage's record. A rename is atomic: a kill leaves the old file or the new 
 from __future__ import annotations
 
 import contextlib
-import functools
+import io
 import json
 import marshal
 import os
 import sys
 
-from scalelab.pipeline import lockfile
+from scalelab.pipeline import lockfile, yamlcache
 
 LOCKFILE = "dvc.lock"
 
@@ -66,17 +64,9 @@ def _local(fs) -> bool:
     return fs is None or getattr(fs, "protocol", None) in ("local", "file")
 
 
-@functools.lru_cache(maxsize=32)  # a command reads a few files; a served flow's process sees each lock text once
-def _parsed(parse, text: str, path: str) -> bytes | None:
-    """The safe parse of `text`, marshalled; None when it holds a type marshal cannot copy (a YAML timestamp)."""
-    with contextlib.suppress(ValueError):
-        return marshal.dumps(parse(text, path))
-    return None
-
-
 def patch() -> None:
-    """Route DVC's read-for-update of dvc.lock through its safe parser, its safe parses through a per-text memo, and
-    its writes of dvc.lock, dvc.yaml and the rwlock through WholeFiles (idempotent)."""
+    """Route DVC's read-for-update of dvc.lock through its safe parser, its safe parses through yamlcache, and its
+    writes of dvc.lock, dvc.yaml and the rwlock through WholeFiles (idempotent)."""
     from dvc import rwlock
     from dvc.utils import strictyaml
     from dvc.utils.serialize import _common, _yaml
@@ -88,7 +78,7 @@ def patch() -> None:
     def parse_yaml(text, path, typ="safe"):
         if typ != "safe" or not isinstance(text, str):
             return parse(text, path, typ)
-        data = _parsed(parse, text, os.fspath(path))
+        data = yamlcache.parsed(parse, text, os.fspath(path))
         return marshal.loads(data) if data is not None else parse(text, path, typ)
 
     _yaml.parse_yaml = parse_yaml  # load_yaml's parser and parse_yaml_for_update's, looked up at call time
@@ -96,7 +86,13 @@ def patch() -> None:
     dump_data, edit_rwlock = _common._dump_data, rwlock._edit_rwlock
 
     def whole_dump_data(path, data, dumper, fs=None, **kwargs):
-        return dump_data(path, data, dumper, fs=WholeFiles(fs) if _local(fs) else fs, **kwargs)
+        if not _local(fs) or os.path.basename(os.fspath(path)) != LOCKFILE:
+            return dump_data(path, data, dumper, fs=WholeFiles(fs) if _local(fs) else fs, **kwargs)
+        stream = io.StringIO()  # dvc.lock: its text, then stored as the parse of that text (yamlcache.written)
+        dumper(data, stream, **kwargs)
+        result = dump_data(path, stream.getvalue(), lambda text, f: f.write(text), fs=WholeFiles(fs))
+        yamlcache.written(stream.getvalue(), os.fspath(path), data)
+        return result
 
     _common._dump_data = whole_dump_data  # modify_yaml's and dump_yaml's writer, looked up at call time
     if getattr(_yaml, "_dump_data", None) is dump_data:
