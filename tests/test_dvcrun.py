@@ -199,6 +199,11 @@ def test_a_parse_is_stored_for_the_next_process_and_the_lock_writer_stores_what_
         assert _yaml.parse_yaml((tmp_path / "dvc.lock").read_text(), lock) == LOCK_DATA
         with pytest.raises(pytest.fail.Exception):  # outside a project: parsed as DVC would
             _yaml.parse_yaml(text, str(tmp_path / "elsewhere" / "params.yaml"))
+        mp.setattr(yamlcache, "_salt", lambda: b"another ruamel\0")  # another parser: nothing stored is its
+        yamlcache.parsed.cache_clear()
+        with pytest.raises(pytest.fail.Exception):
+            _yaml.parse_yaml(text, params)
+    yamlcache.parsed.cache_clear()
     with_tuple = {"schema": "2.0", "stages": {"s": {"cmd": "x", "outs": ("o",)}}}
     _common._dump_data(lock, with_tuple, dumper=_yaml._dump)
     yamlcache.parsed.cache_clear()

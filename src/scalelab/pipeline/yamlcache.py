@@ -34,8 +34,18 @@ def _folder(path: str) -> Path | None:
     return root / FOLDER if (root / ".dvc").is_dir() else None
 
 
+@functools.cache
+def _salt() -> bytes:
+    """What else a stored parse depends on: the parser's version and marshal's (Python's), so an upgrade parses anew."""
+    import sys
+
+    from ruamel.yaml import __version__ as ruamel
+
+    return f"ruamel {ruamel}; python {sys.version_info[0]}.{sys.version_info[1]}; marshal {marshal.version}\0".encode()
+
+
 def _key(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return hashlib.sha256(_salt() + text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _load(text: str, path: str) -> bytes | None:
