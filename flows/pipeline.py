@@ -38,7 +38,8 @@ markdown artifact linking them.
 
 Beside this file: dag.py (DVC's stage graph, what a target selects), failures.py (what is retried, stopping),
 artifact.py (the markdown artifact), runners.py (where tasks run), lifetime.py (ending with the parent, and when the
-exit path hangs). `scalelab repro` runs this file.
+exit path hangs), tempserver.py (the run's temporary Prefect server when PREFECT_API_URL is unset). `scalelab repro`
+runs this file.
 """
 
 import scalelab  # noqa: I001  first: sets PREFECT_HOME, telemetry off and the MLflow URI before prefect reads them
@@ -63,7 +64,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from scalelab.pipeline import profile, warm
+from scalelab.pipeline import dvcrun, profile, warm
 from scalelab.runtime import placement
 from scalelab.study import gate
 from scalelab import tracking
@@ -198,6 +199,7 @@ def pipeline(targets: list[str] | None = None, downstream: bool = False, params_
         logger.info(f"params.yaml <- {params_file}")
     # Params are checked before any stage touches its outs by the DAG's head stage `validate` (scalelab.pipeline.check),
     # which every stage depends on: when it fails, every other task ends NotReady.
+    dvcrun.patch()  # this process's DVC reads as its stages' DVC processes read: each YAML text parsed once (yamlcache)
     with Repo(str(root)) as repo:  # one index for the graph and the status (each read of it parses dvc.yaml)
         graph = stage_graph(root, repo)
         order = select(graph, targets, downstream)
@@ -283,6 +285,9 @@ def main(argv: list[str] | None = None) -> None:
 
     lifetime.exit_on((signal.SIGTERM, signal.SIGINT))
     lifetime.die_with_parent()
+    import tempserver  # likewise
+
+    tempserver.ensure()  # PREFECT_API_URL, else a temporary server of this run's (without Prefect's server imports)
     runner = runners.task_runner(args.runner, args.workers, args.address)
     pipeline.with_options(task_runner=runner)(targets=args.targets, downstream=args.downstream,
                                               params_file=args.params_file, workers=args.workers,

@@ -38,17 +38,11 @@ def by_value(module: ModuleType) -> None:
 
 def shared_api_url() -> str:
     """The Prefect API this process reports to, exported to the processes it starts (Dask or Ray workers): without
-    one, each worker would start a temporary server of its own and its task runs would be lost to the flow's."""
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL
+    one, each worker would start a temporary server of its own and its task runs would be lost to the flow's.
+    `python flows/pipeline.py` has one by now (its `main`); a flow called in-process may not."""
+    import tempserver  # flows/, as lifetime: never a global (this module travels by value to the workers)
 
-    url = PREFECT_API_URL.value()
-    if not url:  # the flow's temporary server, started now (the flow's client then uses this same one)
-        server = SubprocessASGIServer()
-        server.start()
-        url = server.api_url
-    os.environ["PREFECT_API_URL"] = url
-    return url
+    return tempserver.ensure()
 
 
 EXTRA = {"dask": ("prefect_dask", "dask_jobqueue"), "slurm": ("prefect_dask", "dask_jobqueue"),

@@ -216,3 +216,39 @@ def test_a_parse_is_stored_for_the_next_process_and_the_lock_writer_stores_what_
     for i in range(2 * yamlcache.KEEP + 1):
         yamlcache._save(f"n: {i}\n", params, b"N")
     assert len(list((tmp_path / yamlcache.FOLDER).iterdir())) <= 2 * yamlcache.KEEP
+
+
+def test_a_plain_key_is_looked_up_to_what_dpaths_walk_finds():
+    """dvcrun.plain_get against dpath.get itself on every key of a params-like tree, and on what the direct lookup
+    leaves to dpath: globs, list indices, int and bool keys (dpath matches `1` to them), missing keys, a default."""
+    import dpath
+
+    get = dpath.get
+    if getattr(get, "scalelab", False):  # patched in this process already (dvcrun.patch): dpath's own, unwrapped
+        get = get.__closure__[0].cell_contents
+    fast = dvcrun.plain_get(get)
+    tree = {"model": {"sizes": {"a": {"d_model": 32, "n_head": 2}, "b": {"d_model": 48}}, "norm_eps": 1e-6},
+            "optim": {"adamw": {"lr": 3e-3, "betas": [0.9, 0.95]}, "muon": {"lr": 0.02, "kwargs": {}}},
+            "grid": [{"size": "a"}, {"size": "b"}], "ints": {1: "one", "2": "two", True: "yes"}, "none": None,
+            "clash": {"1": "a string key", 1: "an int key"}}  # dpath: `clash.1` matches both, and refuses
+
+    def paths(node, prefix=()):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield prefix + (str(k),)
+                yield from paths(v, prefix + (str(k),))
+
+    keys = [".".join(p) for p in paths(tree)]
+    keys += ["grid.0.size", "grid.1", "optim.*.lr", "model.sizes.?", "ints.1", "ints.2", "model.missing", "nothing",
+             ".model.norm_eps", "model..sizes", "model.sizes.a.d_model.deeper"]
+    def outcome(fn, key, **kwargs):
+        try:
+            return "value", fn(tree, key, separator=".", **kwargs)
+        except (KeyError, ValueError) as err:
+            return "raises", type(err)
+
+    assert len(keys) > 20
+    for key in keys:
+        assert outcome(fast, key) == outcome(get, key), key
+        assert outcome(fast, key, default="d") == outcome(get, key, default="d"), key
+    assert fast(tree, "model.sizes", separator=".") is tree["model"]["sizes"]  # the same object, not a copy

@@ -68,6 +68,8 @@ def test_the_flow_builds_every_stage_once_then_nothing(built):
     logs = build.info["logs"]  # the flow run's last log lines, as the Prefect API served them after the run
     # every stage script's process started warm (the params check `python -m scalelab.pipeline.check` starts cold)
     assert any(f"served {len(stages) - 1} stage(s)" in m for m in logs)
+    # its temporary Prefect server started without Prefect's server package in the flow's process (flows/tempserver.py)
+    assert build.info["prefect_server_package"] is False
 
     assert "up to date" in _run(DVC + ["status"], ws, env)
     assert "Running stage" not in _run(DVC + ["repro"], ws, env)  # a plain `dvc repro` agrees: nothing to do

@@ -223,11 +223,15 @@ def _build(folder: Path, workers: int) -> None:
     from prefect.client.schemas.sorting import LogSort
     from prefect.logging.handlers import APILogHandler
 
+    import tempserver  # flows/ (on sys.path once the flow is loaded)
+
     ws = folder / "ws"
     os.chdir(ws)
+    tempserver.ensure()  # the temporary Prefect server as `python flows/pipeline.py` starts it (stops with this process)
     state = flow.pipeline(workers=workers, return_state=True)
     statuses = state.result()  # raises when the flow failed
     run_id = state.state_details.flow_run_id
+    server_package = "prefect.server.api.server" in sys.modules  # what Prefect's own temporary server start imports
     APILogHandler().flush()  # the warm server's report reaches the Prefect API before it is read
     with get_client(sync_client=True) as prefect:
         logs = [log.message for log in prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
@@ -238,6 +242,7 @@ def _build(folder: Path, workers: int) -> None:
             tasks += batch
     graph = flow.stage_graph(ws)
     info = {"statuses": statuses, "flow_run_id": str(run_id), "logs": logs, "started": started,
+            "prefect_server_package": server_package,
             "times": {t.name: [t.start_time.timestamp(), t.end_time.timestamp()] for t in tasks
                       if t.start_time and t.end_time},
             "needs": {s: sorted(graph.successors(s)) for s in graph},

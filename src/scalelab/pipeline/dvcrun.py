@@ -12,6 +12,11 @@ the same bytes from the plain data (tests/test_dvcrun.py). dvc.yaml and every ot
 Then, DVC's safe parses go through scalelab.pipeline.yamlcache: each text is parsed once per process and, under the
 project's .dvc/tmp, once per project (the writer of dvc.lock stores what it wrote), not 47 times a `dvc exp run`.
 
+DVC's reads of params go one key at a time through `dpath.get`, which walks the whole params tree for each key:
+a `dvc status` of the micro DAG made 480 such walks of ~400 nodes. A key of plain dictionary names (no glob
+character, every dictionary on its way keyed by strings) is looked up directly (`plain_get`); anything else still goes
+to dpath. That `dvc status` 1.5 -> 1.0 CPU s.
+
 Second, every file DVC writes (dvc.lock, dvc.yaml, its rwlock of running stages) is written under a temporary name and
 renamed over the old one once complete. DVC truncates and rewrites them in place: a whole-flow kill -9 in the middle
 (tests/test_crash.py) left `.dvc/tmp/rwlock` empty, and every later `dvc` command in the workspace failed with
@@ -60,6 +65,29 @@ class WholeFiles:
                 os.unlink(tmp)
 
 
+GLOB = frozenset("*?[]")
+
+
+def plain_get(get):
+    """`dpath.get` (as `get`) with a direct lookup for a key of plain names: the value dpath's walk finds, since
+    with string keys all the way and no glob character exactly one path matches, that one (dpath matches each segment
+    with fnmatchcase, an int key by its int value: a level with a key other than a string is left to dpath). Not
+    seen here: dpath's refusal of an empty key elsewhere in the tree, which params.yaml's schema refuses first."""
+
+    def fast(obj, glob, separator="/", *args, **kwargs):
+        if not isinstance(glob, str) or not glob.strip(separator) or GLOB & set(glob):
+            return get(obj, glob, separator, *args, **kwargs)
+        node = obj
+        for part in glob.lstrip(separator).split(separator):
+            if not (isinstance(node, dict) and part in node and all(type(k) is str for k in node)):
+                return get(obj, glob, separator, *args, **kwargs)
+            node = node[part]
+        return node
+
+    fast.scalelab = True
+    return fast
+
+
 def _local(fs) -> bool:
     return fs is None or getattr(fs, "protocol", None) in ("local", "file")
 
@@ -73,6 +101,9 @@ def patch() -> None:
 
     if getattr(_yaml.parse_yaml_for_update, "scalelab", False):
         return
+    import dpath
+
+    dpath.get = plain_get(dpath.get)  # DVC's params reads (dvc.dependency.param) look it up at call time
     parse = _yaml.parse_yaml
 
     def parse_yaml(text, path, typ="safe"):
