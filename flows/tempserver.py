@@ -40,24 +40,27 @@ def ensure() -> str:
     from prefect.settings import PREFECT_API_URL
 
     current = PREFECT_API_URL.value()
-    url = os.environ.get(API_ENV) or current or _start()
+    url = os.environ.get(API_ENV) or current or start()
     os.environ[API_ENV] = url
     if url != current:  # Prefect read its settings at import: read them again
         prefect.context.refresh_global_settings_context()
     return url
 
 
-def _start() -> str:
-    """Uvicorn on Prefect's app factory at a free port of 127.0.0.1, its URL once /api/health answers. A port taken
-    between the check and uvicorn's bind makes uvicorn exit: then another port."""
+def start(env: dict[str, str] | None = None, patience: float | None = None) -> str:
+    """This process's temporary server, started now (`env` over this process's environment; `patience`: seconds to
+    wait for it, else Prefect's PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): uvicorn on Prefect's app factory at
+    a free port of 127.0.0.1. Its API URL, once /api/health answers; a port taken between the check and uvicorn's bind
+    makes uvicorn exit: then another port. Stopped by `stop`, or when this process exits."""
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
     from scalelab.tracking.teamserver import free_port
 
     import prefect
 
-    patience = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
-    env = {**os.environ, **LEFT_OUT, **EPHEMERAL}
+    stop()  # one temporary server a process
+    patience = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value() if patience is None else patience
+    env = {**os.environ, **(env or {}), **LEFT_OUT, **EPHEMERAL}
     for _ in range(PORT_TRIES):
         port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),

@@ -269,15 +269,12 @@ def micro_build(tmp_path_factory, prefect_db):
 
 
 @pytest.fixture(scope="session")
-def prefect_harness(prefect_db):
-    """One temporary Prefect server for every flow test of the run (started slowly on a busy machine), on a copy
-    of the migrated database: the harness keeps its database in a folder of its own from `mkdtemp`. Yields that
-    database's path (what a dashboard over the flow runs of the tests reads a copy of)."""
-    from prefect.testing import utilities
+def prefect_harness(tmp_path_factory, prefect_db):
+    """One Prefect server for every flow the tests run in this process, shared by the xdist workers (tests/harness.py),
+    on a copy of the migrated database. Yields that database's path (what a dashboard over the flow runs of the tests
+    reads a copy of)."""
+    from harness import serve
 
-    folder = Path(tempfile.mkdtemp(dir=_STATE))
-    shutil.copyfile(prefect_db, folder / "prefect-test.db")  # the harness's file name in that folder
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(utilities, "mkdtemp", lambda: str(folder))
-        with utilities.prefect_test_harness(server_startup_timeout=180):
-            yield folder / "prefect-test.db"
+    base = tmp_path_factory.getbasetemp()
+    with serve(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base, prefect_db, FAST_TMP) as db:
+        yield db

@@ -1,6 +1,7 @@
 """The `scalelab` console script: its commands, their help, a bad params file as one line and exit
 2, the params check before the flow starts, and push/pull delegated to the remote module when there is one."""
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -11,6 +12,7 @@ import pytest
 import yaml
 from conftest import MICRO, ROOT
 from mutants import mutant, mutation_checks
+from workspace import seed_check_verdicts
 
 from scalelab.pipeline import cli
 
@@ -51,6 +53,9 @@ def _project(tmp_path: Path, params: str) -> Path:
     (tmp_path / "flows").mkdir()
     (tmp_path / "flows" / "pipeline.py").write_text(
         "import sys; from pathlib import Path; Path('flow_started').write_text(' '.join(sys.argv[1:]))\n")
+    # the test run's remembered verdicts on the micro profile: its optimizers are not built again for each project
+    # (their check has tests of its own: test_bad_params.py, test_hardening.py)
+    seed_check_verdicts(tmp_path, dict(os.environ))
     return tmp_path
 
 
