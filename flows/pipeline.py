@@ -54,7 +54,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 from prefect import allow_failure, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -65,6 +64,7 @@ from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from scalelab.pipeline import dvcrun, profile, warm
+from scalelab.runtime import yamlio
 from scalelab.runtime import placement
 from scalelab.study import gate
 from scalelab import tracking
@@ -175,7 +175,7 @@ def wait_all(futures) -> None:
 
 def _experiment(root: Path) -> str:
     params = root / "params.yaml"
-    raw = yaml.safe_load(params.read_text()) if params.is_file() else None
+    raw = yamlio.safe_load(params.read_text()) if params.is_file() else None
     return ((raw or {}).get("tracking") or {}).get("experiment", "scalelab")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from scalelab.config.base import ParamsError
+from scalelab.runtime import yamlio
 
 MACHINE_ENV = "SCALELAB_MACHINE"  # a machine file to use instead of machine.yaml beside the params file
 MACHINE_FILE = "machine.yaml"
@@ -116,7 +117,7 @@ def read_machine(path: Path) -> dict:
             raise ParamsError(f"{MACHINE_ENV}={path}: no such machine file")
         return {}
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlio.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ParamsError(f"{path}: YAML syntax error: {' '.join(str(err).split())}") from None
     return validate(raw, str(path))

@@ -19,6 +19,7 @@ from scalelab.config.model import ArchConfig, ModelConfig
 from scalelab.config.optim import OptimizerConfig
 from scalelab.config.optbench import OptBenchConfig
 from scalelab.config.pretrain import PretrainConfig, ScalingConfig
+from scalelab.runtime import yamlio
 
 
 class TrackingConfig(Strict):
@@ -133,7 +134,7 @@ def read_yaml(path: str | os.PathLike, compose: bool = True) -> dict[str, Any]:
         raise ParamsError(f"params file not found: {path}")
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f) or {}
+            raw = yamlio.safe_load(f) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""

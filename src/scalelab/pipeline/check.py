@@ -260,12 +260,13 @@ def _parse(params_file: Path, text: bytes) -> Params:
 
     from scalelab.config import ParamsError, machine, parse_params
     from scalelab.config.params import read_yaml
+    from scalelab.runtime import yamlio
 
     if text == params_file.read_bytes():
         raw = read_yaml(params_file)
     else:
         try:
-            raw = yaml.safe_load(text) or {}
+            raw = yamlio.safe_load(text) or {}
         except yaml.YAMLError as err:
             raise ParamsError(f"{params_file.name} with the -S overrides: YAML error: {' '.join(str(err).split())}")
     local, source = machine.file_layer(raw, params_file, params_file.name)

@@ -26,9 +26,8 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-import yaml
-
 from scalelab import project_root
+from scalelab.runtime import yamlio
 
 URL_TAG = "scalelab.dvc_url"  # on a logged model: where its folder's DVC object lives in the remote
 REMOTE_TAG = "scalelab.dvc_remote"  # ... and the remote's name
@@ -101,7 +100,7 @@ def link_models(root: Path | None = None, remote: str | None = None) -> int:
 
     root = Path(root or project_root()).resolve()
     name, _ = remote_of(root, remote)
-    params = yaml.safe_load((root / "params.yaml").read_text()) or {}
+    params = yamlio.safe_load((root / "params.yaml").read_text()) or {}
     experiment = (params.get("tracking") or {}).get("experiment", "scalelab")
     tagged = 0
     try:

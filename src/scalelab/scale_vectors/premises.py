@@ -25,9 +25,9 @@ import statistics
 from pathlib import Path
 
 import polars as pl
-import yaml
 
 from scalelab.ledger import claims
+from scalelab.runtime import yamlio
 from scalelab.config import ModelConfig, Params, ScaleConfig, machine, parse_params
 
 # The paper's regime (its reproduction plan) for every scale-vector claim, in words and in tokens per parameter: the
@@ -55,7 +55,7 @@ LEDGER_SECTIONS = ("seed", "tracking", "prepare", "tokenizer", "tokenize", "mode
 def study_params(folder: Path) -> Params:
     """The params a committed study ran under (its params.yaml), the ledger's sections only."""
     path = Path(folder) / "params.yaml"
-    raw = yaml.safe_load(path.read_text())
+    raw = yamlio.safe_load(path.read_text())
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: not a params mapping")
     return parse_params(machine.split({k: v for k, v in raw.items() if k in LEDGER_SECTIONS})[0], str(path))

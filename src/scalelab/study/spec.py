@@ -28,6 +28,8 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
+from scalelab.runtime import yamlio
+
 SPECS = Path("configs") / "studies"
 NAME = r"^[A-Za-z0-9_.-]+$"
 GENERATOR = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -127,7 +129,7 @@ def load(root: Path, name: str) -> StudySpec:
         have = ", ".join(known(root)) or "none"
         raise SpecError(f"no study {name!r}: {rel} not found (studies: {have})")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlio.safe_load(path.read_text())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
