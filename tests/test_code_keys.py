@@ -4,6 +4,7 @@ paper's cells and an edit to the shared core stales every cell that runs it."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from pathlib import Path
@@ -110,3 +111,28 @@ def test_imports_are_followed_wherever_they_sit(tmp_path):
         (pkg / rel).write_text(text)
     got = {str(p.relative_to(pkg)) for p in code.imported("scalelab.a.b", package=pkg)}
     assert got == {"a/__init__.py", "a/b.py", "a/c.py", "d/__init__.py", "d/e.py", "f/__init__.py", "f/h.py"}
+
+
+def test_a_digest_asked_again_follows_what_changed_since(tmp_path):
+    """code.digest keeps what it followed between calls: a module that appears where a name was imported from (no
+    file of the package changed), a new import, and an edit of the same size are each seen at the next call."""
+    pkg = tmp_path / "scalelab"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("from scalelab.a import b\n")  # `b` a name of a/__init__, no module yet
+    first = code.digest("scalelab.a", package=pkg)
+    assert code.digest("scalelab.a", package=pkg) == first
+    (pkg / "a" / "b.py").write_text("X = 1\n")  # now a module: followed
+    second = code.digest("scalelab.a", package=pkg)
+    assert second != first
+    (pkg / "a" / "b.py").write_text("X = 2\n")  # the same size: its bytes are read at every call
+    third = code.digest("scalelab.a", package=pkg)
+    assert third != second
+    (pkg / "c.py").write_text("")
+    (pkg / "a" / "b.py").write_text("import scalelab.c\n")
+    assert {p.name for p in code.imported("scalelab.a", package=pkg)} == {"__init__.py", "b.py", "c.py"}
+    assert code.digest("scalelab.a", package=pkg) not in (first, second, third)
+    fresh = hashlib.sha256()
+    for f in code.imported("scalelab.a", package=pkg):  # what a first call in a new process computes
+        fresh.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
+    assert code.digest("scalelab.a", package=pkg) == fresh.hexdigest()[:16]
