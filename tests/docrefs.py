@@ -51,6 +51,8 @@ from pathlib import Path
 
 import yaml
 
+from scalelab.runtime import yamlio
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FENCE = re.compile(r"^(?P<fence>```|~~~)(?P<lang>[^\n]*)\n(?P<body>.*?)^(?P=fence)[^\n]*$", re.S | re.M)
@@ -105,7 +107,7 @@ def top_level(root: Path = ROOT) -> frozenset[str]:
 @functools.lru_cache(maxsize=None)
 def dvc_outs(root: Path = ROOT) -> tuple[re.Pattern, ...]:
     """Every out, metric and plot of dvc.yaml as a pattern (a `${...}` matches one name or part of one)."""
-    stages = yaml.safe_load((root / "dvc.yaml").read_text()).get("stages", {})
+    stages = yamlio.safe_load((root / "dvc.yaml").read_text()).get("stages", {})
     found = []
     for stage in stages.values():
         body = stage.get("do", stage)
@@ -117,7 +119,7 @@ def dvc_outs(root: Path = ROOT) -> tuple[re.Pattern, ...]:
 
 @functools.lru_cache(maxsize=None)
 def dvc_stages(root: Path = ROOT) -> frozenset[str]:
-    return frozenset(yaml.safe_load((root / "dvc.yaml").read_text()).get("stages", {}))
+    return frozenset(yamlio.safe_load((root / "dvc.yaml").read_text()).get("stages", {}))
 
 
 @functools.lru_cache(maxsize=None)
@@ -437,7 +439,7 @@ def is_command(span: str, root: Path = ROOT) -> bool:
 
 # ---------------------------------------------------------------- snippets
 def _params_base(root: Path) -> dict:
-    return yaml.safe_load((root / "params.yaml").read_text())
+    return yamlio.safe_load((root / "params.yaml").read_text())
 
 
 def yaml_problem(body: str, root: Path = ROOT) -> str | None:
@@ -447,7 +449,7 @@ def yaml_problem(body: str, root: Path = ROOT) -> str | None:
     from scalelab.config.params import parse_params
 
     try:
-        snippet = yaml.safe_load(body)
+        snippet = yamlio.safe_load(body)
     except yaml.YAMLError as err:
         return "not YAML: " + " ".join(str(err).split())
     first = body.lstrip().splitlines()[0] if body.strip() else ""

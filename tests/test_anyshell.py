@@ -20,6 +20,7 @@ from mutants import mutant, mutation_checks
 from workspace import workspace_copy
 
 from scalelab.pipeline import interpreter
+from scalelab.runtime import yamlio
 
 CLEAN_PATH = "/usr/bin:/bin"  # git and a shell; no `python` (Debian ships python3 only)
 
@@ -102,7 +103,7 @@ def test_a_stage_interpreter_with_other_code_refuses_before_any_result_is_touche
     try:
         before = {p: p.read_bytes() for p in [ws / "dvc.lock", *(ws / "data/prepared").iterdir()]}
         # prepare must rerun too (its params changed), so only the refusal at the head keeps its outs
-        params = yaml.safe_load((ws / "params.yaml").read_text())
+        params = yamlio.safe_load((ws / "params.yaml").read_text())
         params["prepare"]["min_chars"] = 2
         (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         res = _dvc(ws, env | {"PATH": f"{foreign}:{CLEAN_PATH}"}, "repro", "validate", "prepare")

@@ -19,6 +19,7 @@ from test_anyshell import _venv
 from workspace import workspace_copy
 
 from scalelab.pipeline import check, interpreter
+from scalelab.runtime import yamlio
 
 
 def _run(cmd, ws, env, check_rc=True):
@@ -79,7 +80,7 @@ def _refused(res, prog: str, needle: str) -> None:
 
 def _mutated(ws: Path, mutate) -> str:
     good = (ws / "params.yaml").read_text()
-    raw = yaml.safe_load(good)
+    raw = yamlio.safe_load(good)
     mutate(raw)
     (ws / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return good
@@ -185,7 +186,7 @@ def test_prepare_hashes_to_its_data_alone(built):
     hashes, pointers = [], []
     for _ in range(2):
         _run([bin_ / "dvc", "repro", "-f", "-s", "prepare"], ws, env)
-        lock = yaml.safe_load((ws / "dvc.lock").read_text())
+        lock = yamlio.safe_load((ws / "dvc.lock").read_text())
         hashes.append({o["path"]: o["md5"] for o in lock["stages"]["prepare"]["outs"]})
         pointers.append(json.loads((ws / "data/prepared/mlflow_run.json").read_text()))
     assert pointers[0]["run_id"] and pointers[1]["run_id"] and pointers[0]["run_id"] != pointers[1]["run_id"]

@@ -15,6 +15,7 @@ from mutants import mutant, mutation_checks
 from workspace import seed_check_verdicts
 
 from scalelab.pipeline import cli
+from scalelab.runtime import yamlio
 
 COMMANDS = ["repro", "check", "ui", "report", "profile", "push", "pull", "study"]
 
@@ -61,7 +62,7 @@ def _project(tmp_path: Path, params: str) -> Path:
 
 @pytest.mark.parametrize("bad", ["typo", "machine-inline"])
 def test_check_on_a_bad_params_file_exits_2_with_one_line(tmp_path, bad):
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     if bad == "typo":
         raw["pretrain"]["max_step"] = 3
     else:
@@ -100,7 +101,7 @@ def test_check_refuses_params_this_machine_cannot_run_in_one_line(tmp_path, case
 
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     raw.pop("machine")  # the file layer below is this test's machine
     root = _project(tmp_path, yaml.safe_dump(raw))
     (root / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())

@@ -10,10 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import ROOT
 
 from scalelab.runtime import code
+from scalelab.runtime import yamlio
 
 PAPERS = ("scale_vectors", "optbench", "hidden_decoding", "compress")  # one package per paper (docs/architecture.md)
 
@@ -21,7 +21,7 @@ PAPERS = ("scale_vectors", "optbench", "hidden_decoding", "compress")  # one pac
 def stages() -> dict[str, tuple[str, list[str]]]:
     """Each dvc.yaml stage run by a script of stages/: (that script, its deps as written)."""
     out = {}
-    for name, st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items():
+    for name, st in yamlio.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items():
         body = st.get("do", st)
         if m := re.search(r"python (stages/\w+\.py)", body["cmd"]):
             out[name] = (m[1], [str(d) for d in body.get("deps") or []])

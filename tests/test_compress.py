@@ -15,6 +15,7 @@ from scalelab.compress import (
 )
 from scalelab.compress import methods, rank
 from scalelab.config import AllocationConfig, MethodConfig, RefineConfig, SigmaScaleConfig
+from scalelab.runtime import yamlio
 
 D, FF, V = 32, 48, 96
 FAST_SIGMA = SigmaScaleConfig(lr=2e-2, max_steps=60, patience=20, tol=1e-4)  # the paper's optimiser, fewer steps
@@ -653,7 +654,7 @@ def test_import_model_stage_exits_with_one_line_when_the_wheel_is_missing(tmp_pa
     import yaml
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(yaml.safe_load(MICRO.read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(yamlio.safe_load(MICRO.read_text())
                                                          | {"import_models": ["smollm2-135m-instruct"]}))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(sys, "argv", ["stages/import_model.py", "smollm2-135m-instruct"])
@@ -665,13 +666,11 @@ def test_import_model_stage_exits_with_one_line_when_the_wheel_is_missing(tmp_pa
 
 
 def test_bad_compress_params_are_named():
-    import yaml
-
     from conftest import MICRO
     from scalelab.config import ParamsError, parse_params
 
     def micro_raw():
-        return yaml.safe_load(MICRO.read_text())
+        return yamlio.safe_load(MICRO.read_text())
 
     raw = micro_raw()
     raw["compress"]["grid"]["methods"].append("sigmascal")

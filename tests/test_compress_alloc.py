@@ -14,6 +14,7 @@ from scalelab.compress.shared import Calibration
 from scalelab.compress.sigmascale import initial_scalings, problem_of, scaled_loss
 from scalelab.compress.store import Store
 from scalelab.config import MethodConfig, ParamsError, SigmaScaleConfig
+from scalelab.runtime import yamlio
 
 D, FF, V = 32, 48, 96
 FAST = SigmaScaleConfig(lr=2e-2, max_steps=40, patience=10, tol=1e-4)
@@ -338,12 +339,10 @@ def test_the_stopping_diagnostic_compares_both_rules_on_one_run():
                                         ([0.2, 0.9], "end with 1.0"), ([1.0], "below 1.0"),
                                         ([0.0, 1.0], "in (0, 1]")])
 def test_bad_candidate_ratios_are_one_line_errors_naming_the_key(ratios, why):
-    import yaml
-
     from scalelab.config import parse_params
     from conftest import ROOT
 
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = yamlio.safe_load((ROOT / "params.yaml").read_text())
     raw["compress"]["allocation"]["ratios"] = ratios
     with pytest.raises(ParamsError) as err:
         parse_params(raw, "params.yaml")

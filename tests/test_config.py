@@ -9,6 +9,7 @@ from mutants import assert_caught, mutant, mutation_checks
 
 from scalelab.config import ParamsError, load_params, parse_params
 from scalelab.config.params import read_yaml
+from scalelab.runtime import yamlio
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = [ROOT / "params.yaml", *sorted((ROOT / "configs").glob("*.yaml")), ROOT / "tests" / "micro_params.yaml"]
@@ -29,7 +30,7 @@ def test_every_shipped_params_file_validates(path):
 
 
 def _raw():
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    return yamlio.safe_load((ROOT / "params.yaml").read_text())
 
 
 def test_unknown_key_is_named():
@@ -127,7 +128,7 @@ def test_an_invalid_profile_switch_leaves_params_yaml_and_its_prev_untouched(tmp
     assert Path("params.yaml.prev").read_bytes() == prev
     good = ROOT / "configs" / "cpu-study.yaml"  # an overlay: written composed, complete
     assert profile.main([str(good)]) == 0
-    assert yaml.safe_load(Path("params.yaml").read_text()) == read_yaml(good) and "base" not in read_yaml(good)
+    assert yamlio.safe_load(Path("params.yaml").read_text()) == read_yaml(good) and "base" not in read_yaml(good)
     assert load_params("params.yaml") == load_params(good)
     assert Path("params.yaml.prev").read_bytes() == current.read_bytes()
 
@@ -201,7 +202,7 @@ def test_machine_file_beside_params_wins_over_the_profiles_machine_section(tmp_p
 def test_a_machine_setting_inline_in_params_yaml_is_refused_naming_where_it_goes(tmp_path, monkeypatch, key):
     monkeypatch.delenv("SCALELAB_MACHINE", raising=False)
     path = _micro_in(tmp_path)
-    raw = yaml.safe_load(path.read_text())
+    raw = yamlio.safe_load(path.read_text())
     *section, name = key.split(".")
     node = raw
     for part in section:
@@ -251,7 +252,7 @@ def test_every_param_that_dvc_tracks_is_spelled_out_and_none_is_a_machine_settin
     from scalelab.config import profiles
 
     (tmp_path / "params.yaml").write_text(profiles.complete_text(path))  # as `scalelab profile` writes it
-    raw = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    raw = yamlio.safe_load((tmp_path / "params.yaml").read_text())
     missing, machine, file_deps = [], [], {}
     with Repo(str(tmp_path), uninitialized=True) as repo:
         for stage in repo.index.stages:

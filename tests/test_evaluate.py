@@ -19,6 +19,7 @@ from mutants import assert_caught, mutant, mutation_checks
 from scalelab.evaluate import lmeval, zeroshot
 from scalelab.evaluate.lm import EvalLM, load_lm
 from scalelab.evaluate.perplexity import perplexity, throughput, val_windows
+from scalelab.runtime import yamlio
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +259,7 @@ def _stage(root, *args):
 
 def test_stage_writes_metrics_linked_to_the_model_in_mlflow(project):
     root, _, _ = project
-    params = yaml.safe_load(MICRO.read_text())
+    params = yamlio.safe_load(MICRO.read_text())
     params["evaluate"] = {**params["evaluate"], "sizes": ["a"], "zeroshot": {"items": 20, "choices": 4,
                                                                             "context_chars": 200, "seed": 0}}
     (root / "params.yaml").write_text(yaml.safe_dump(params))

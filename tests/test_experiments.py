@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from mlflow import MlflowClient
 from mutants import mutant, mutation_checks
 from workspace import copy_workspace, seed_mlflow_store
 
 import scalelab
+from scalelab.runtime import yamlio
 
 pytestmark = pytest.mark.slow
 DVC = [sys.executable, "-m", "dvc"]
@@ -87,7 +87,7 @@ def experiments(tmp_path_factory, micro_build):
 
 def _cell_runs(ws):
     client = MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
-    exp = client.get_experiment_by_name(yaml.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
+    exp = client.get_experiment_by_name(yamlio.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
     return client, client.search_runs([exp.experiment_id], f"tags.`dvc.stage` = '{CELL}'")
 
 

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from scalelab.config import ModelConfig, MoEConfig, ScaleConfig
 from scalelab.model import Transformer, export_hf, load_exported, save_model
 from scalelab.model.export import export_cell, hf_exportable
+from scalelab.runtime import yamlio
 
 VARIANTS = {
     "none": ScaleConfig(scales=False),
@@ -205,13 +206,12 @@ def test_pretrain_stage_writes_the_cells_hf_export(tmp_path, tokenizer_file, mon
     import argparse
     import importlib.util
 
-    import yaml
 
     from conftest import MICRO, ROOT
     from scalelab.config import parse_params
     from scalelab.model.hf import load_causal_lm
 
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     raw["pretrain"].update(max_steps=4, val_every=4, ckpt_every=4, gamma_every=4)
     raw["pretrain"]["sharpness"]["enabled"] = False
     params = parse_params(raw)

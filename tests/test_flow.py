@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import FAST_TMP
 from mutants import assert_caught, mutant
 from mlflow import MlflowClient
@@ -24,6 +23,7 @@ from prefect.client.schemas.filters import (
 from prefect.logging.handlers import APILogHandler
 
 from scalelab.runtime import placement
+from scalelab.runtime import yamlio
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,7 +181,7 @@ def test_each_cell_gets_its_share_of_the_cores(project):
 
 def test_after_a_concurrent_run_dvc_lock_is_complete_and_status_clean(project):
     root, _, _ = project
-    assert sorted(yaml.safe_load((root / "dvc.lock").read_text())["stages"]) == STAGES
+    assert sorted(yamlio.safe_load((root / "dvc.lock").read_text())["stages"]) == STAGES
     assert "up to date" in dvc(root, "status")
 
 

@@ -14,6 +14,7 @@ from mutants import mutant, mutation_checks
 
 from scalelab.ledger import claims
 from scalelab.scale_vectors import dose as dose_a, premises as premises_a
+from scalelab.runtime import yamlio
 
 ROOT = Path(__file__).resolve().parents[1]
 T = "tests/test_gamma_dose.py::"
@@ -118,7 +119,7 @@ def _study(tmp_path: Path, cells: dict, **changes) -> Path:
     """A committed study folder: params.yaml (the micro profile with the dose arms, AdamW at 10x as recipe wd10;
     `changes` edit that recipe's optimizer), and one cell folder per {(variant, recipe, seed): metrics}, each with its
     cell.json and metrics/pretrain/<cell>.json as `scalelab study` keeps them."""
-    raw = yaml.safe_load((ROOT / "tests" / "micro_params.yaml").read_text())
+    raw = yamlio.safe_load((ROOT / "tests" / "micro_params.yaml").read_text())
     raw["model"]["variants"] |= {"wd_in": {"wd_input_scales": True}, "wd_out": {"wd_output_scales": True}}
     raw["optim"]["adamw_wd10"] = {**raw["optim"]["adamw"], "scale_wd_mult": 10.0, **changes}
     raw["pretrain"]["recipes"]["wd10"] = {"optimizer": "adamw_wd10"}

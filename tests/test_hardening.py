@@ -28,6 +28,7 @@ from scalelab import tracking
 from scalelab.config import CorpusConfig, ParamsError, PrepareConfig, PretrainConfig, load_params, parse_params
 from scalelab.data import DataError
 from scalelab.train import Cell, config_hash, fit, resume_run_id
+from scalelab.runtime import yamlio
 
 DVC = [sys.executable, "-m", "dvc"]
 
@@ -48,7 +49,7 @@ def _scenes(first: int, n: int) -> str:
 def dvc_ws(tmp_path_factory):
     """A git + DVC copy of the project on the micro profile with a local corpus; `prepare` already ran."""
     ws = tmp_path_factory.mktemp("ws")
-    params = yaml.safe_load(MICRO.read_text())
+    params = yamlio.safe_load(MICRO.read_text())
     params["prepare"]["corpus"] = {**params["prepare"]["corpus"], "source": "local", "path": "mycorpus",
                                    "max_documents": None}
     (ws.parent / "local_params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -106,7 +107,7 @@ def test_a_params_typo_never_deletes_results(dvc_ws):
     ws, env = dvc_ws
     kept = {p: (ws / p).read_bytes() for p in ("data/prepared/train.parquet", "metrics/prepare.json")}
     good = (ws / "params.yaml").read_text()
-    raw = yaml.safe_load(good)
+    raw = yamlio.safe_load(good)
     raw["prepare"]["val_fractoin"] = 0.1
     (ws / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     try:
@@ -124,7 +125,7 @@ def test_a_params_typo_never_deletes_results(dvc_ws):
 def test_an_injected_name_never_reaches_a_shell(dvc_ws):
     ws, env = dvc_ws
     good = (ws / "params.yaml").read_text()
-    raw = yaml.safe_load(good)
+    raw = yamlio.safe_load(good)
     evil = "x;touch pwned;#"
     raw["model"]["variants"][evil] = {}
     raw["pretrain"]["grid"]["variants"] = [evil]
@@ -187,7 +188,7 @@ def _write(tmp_path, raw, name="params.yaml"):
      r"optim\.galore\.kwargs: rank_ratio: Input should be a valid number"),
 ])
 def test_params_errors_are_one_line_with_the_key_path(tmp_path, capsys, mutate, needle):
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     mutate(raw)
     rc, err = _check(_write(tmp_path, raw), capsys)
     assert rc == 2 and len(err.splitlines()) == 1 and re.search(needle, err), err
@@ -200,7 +201,7 @@ def test_a_value_the_library_refuses_fails_the_check(tmp_path, capsys):
                             r"^check: optim\.sophia: sophia refuses these settings: p \(gradient clip\) must be"),
                            (lambda r: r["optim"]["sgd"].update(kwargs={"dampening": 0.5}),
                             r"^check: optim\.sgd: sgd refuses these settings: Nesterov momentum requires")):
-        raw = yaml.safe_load(MICRO.read_text())
+        raw = yamlio.safe_load(MICRO.read_text())
         mutate(raw)
         rc, err = _check(_write(tmp_path, raw), capsys)
         assert rc == 2 and len(err.splitlines()) == 1 and re.search(needle, err), err
@@ -227,12 +228,12 @@ def test_yaml_syntax_error_is_one_line_with_its_position(tmp_path, capsys):
 
 
 def test_data_errors_found_before_any_stage_runs(tmp_path, capsys):
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     raw["prepare"]["corpus"].update(source="local", path=str(tmp_path / "nowhere"))
     rc, err = _check(_write(tmp_path, raw), capsys)
     assert rc == 3 and len(err.splitlines()) == 1 and "nowhere" in err, err
     # with shards present: a seq_len longer than the validation shard
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     raw["pretrain"].update(seq_len=128, val_tokens=4096)
     make_shards(tmp_path / "tokens", n_train=2000, n_val=100)
     rc, err = _check(_write(tmp_path, raw), capsys, "--shards", str(tmp_path / "tokens"))
@@ -399,18 +400,18 @@ def test_invalid_utf8_is_counted_per_file_in_bytes(tmp_path, capsys):
     with pytest.raises(DataError, match=r"cut\.txt: invalid UTF-8 at byte 26 .*prepare\.errors"):
         prepare_corpus(cfg.model_copy(update={"errors": "strict"}), tmp_path / "strict")
     with pytest.raises(ParamsError, match=r"prepare\.errors"):
-        parse_params({**yaml.safe_load(MICRO.read_text()), "prepare": {"errors": "ignore"}})
+        parse_params({**yamlio.safe_load(MICRO.read_text()), "prepare": {"errors": "ignore"}})
 
 
 # ---------------------------------------------------------------- 8. names that reach a command line
 @pytest.mark.parametrize("where", ["sizes", "variants"])
 def test_names_are_restricted(where):
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     key = "b;rm -rf ~"
     raw["model"][where][key] = raw["model"][where]["a" if where == "sizes" else "standard"]
     with pytest.raises(ParamsError, match=re.escape(f"model.{where}.{key}")):
         parse_params(raw)
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     raw["pretrain"]["grid"]["recipes"] = ["muon`id`"]
     with pytest.raises(ParamsError, match=r"pretrain\.grid\.recipes\.0"):
         parse_params(raw)
@@ -437,7 +438,7 @@ def _data_ws(root: Path, mb: float, shape: str) -> tuple[Path, dict]:
                                                       for i in range(40)))
     (ws / "data" / "tokenizer").mkdir(parents=True)
     (ws / "data" / "tokenizer" / "tokenizer.json").write_text(_tokenizer_json())
-    params = yaml.safe_load(MICRO.read_text())
+    params = yamlio.safe_load(MICRO.read_text())
     params["prepare"]["corpus"] = {"source": "local", "path": "corpus", "doc_split_regex": "^#+ SCENE"}
     params["tokenize"]["batch_size"] = 256
     (ws / "params.yaml").write_text(yaml.safe_dump(params))

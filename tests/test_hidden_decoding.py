@@ -20,6 +20,7 @@ from scalelab.model.hf import load_causal_lm
 from scalelab.hidden_decoding.model import HiddenDecodingLM, StreamCache, attended_pairs
 from scalelab.hidden_decoding.dense import dense_run_layers, mixing_mask
 from scalelab.hidden_decoding.io import from_source, load_hidden_decoding, save_hidden_decoding
+from scalelab.runtime import yamlio
 
 V = 64
 ROOT = Path(__file__).resolve().parents[1]
@@ -518,11 +519,9 @@ def _prepared(folder):
 
 def _stage_project(root):
     """A project whose only data is data/prepared and a local Llama of its own vocabulary (no token shards)."""
-    import yaml
-
     _own_vocab_llama(root / "models/llama")
     _prepared(root / "data/prepared")
-    params = yaml.safe_load((ROOT / "tests/micro_params.yaml").read_text())
+    params = yamlio.safe_load((ROOT / "tests/micro_params.yaml").read_text())
     params["hidden_decoding"].update(
         source={"path": "models/llama"}, source_dep="models/llama", grid=["n2", "n4"],
         cells={"n2": {"n_streams": 2}, "n4": {"n_streams": 4}})

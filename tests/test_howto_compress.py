@@ -9,17 +9,17 @@ from __future__ import annotations
 import re
 
 import pytest
-import yaml
 
 import docrefs
 from scalelab.config import ParamsError, machine, parse_params
 from scalelab.pipeline import runnable
+from scalelab.runtime import yamlio
 
 PAGE = docrefs.ROOT / "docs" / "howto-compress-your-model.md"
 
 
 def _yaml_blocks() -> list[dict]:
-    return [yaml.safe_load(m["body"]) for m in docrefs.FENCE.finditer(PAGE.read_text())
+    return [yamlio.safe_load(m["body"]) for m in docrefs.FENCE.finditer(PAGE.read_text())
             if m["lang"].strip() in ("yaml", "yml")]
 
 
@@ -32,7 +32,7 @@ def _variants() -> tuple[dict, dict]:
 
 def _params(compress: dict, *extra: dict):
     """params.yaml with the page's snippets set into its sections (their keys replace the sections' own)."""
-    raw = yaml.safe_load((docrefs.ROOT / "params.yaml").read_text())
+    raw = yamlio.safe_load((docrefs.ROOT / "params.yaml").read_text())
     for snippet in ({"compress": compress}, *extra):
         for section, value in snippet.items():
             raw[section] = {**(raw.get(section) or {}), **value}
@@ -48,7 +48,7 @@ def test_the_laptop_variant_passes_the_check_offline():
     assert runnable.offline() and params.compress.eval.hub is None
     (machine_block,) = [b for b in _yaml_blocks() if set(b) == {"compress"} and "device" in b["compress"]]
     local = machine.validate(machine_block, "the page's machine.yaml")
-    raw = yaml.safe_load((docrefs.ROOT / "params.yaml").read_text())
+    raw = yamlio.safe_load((docrefs.ROOT / "params.yaml").read_text())
     raw["compress"] |= laptop
     params = parse_params(raw, "with the page's machine.yaml", local)  # as machine.yaml: over the machine: section
     assert params.compress.device == machine_block["compress"]["device"]
@@ -70,8 +70,8 @@ def test_the_gpu_machine_line_is_refused_without_cuda_naming_the_cpu_line():
     text = " ".join(PAGE.read_text().split())
     line = re.search(r"On a GPU, `(compress: \{[^`]*\})`", text)
     assert line, "the page names no GPU machine line"
-    raw = yaml.safe_load((docrefs.ROOT / "params.yaml").read_text())
-    params = parse_params(raw, "the page", machine.validate(yaml.safe_load(line[1]), "the page"))
+    raw = yamlio.safe_load((docrefs.ROOT / "params.yaml").read_text())
+    params = parse_params(raw, "the page", machine.validate(yamlio.safe_load(line[1]), "the page"))
     assert params.compress.device == "cuda"
     with pytest.raises(ParamsError, match=r"compress\.device: cuda, but this machine has no CUDA device: .* put "
                                           r"`compress: \{device: cpu\}`"):

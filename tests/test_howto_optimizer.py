@@ -9,7 +9,6 @@ import re
 
 import pytest
 import torch
-import yaml
 
 import docrefs
 from conftest import MICRO
@@ -18,6 +17,7 @@ from scalelab.config import optim as optim_config
 from scalelab.model import Transformer
 from scalelab.optim import build_optimizers, registry
 from scalelab.optbench import sweep as optbench
+from scalelab.runtime import yamlio
 
 PAGE = docrefs.ROOT / "docs" / "howto-add-an-optimizer.md"
 VOCAB = 64
@@ -47,8 +47,8 @@ def _params(extra: dict | None = None):
     """Step 3: the page's YAML as a part of params.yaml (its keys replace the sections' own, as the docs check reads
     every snippet)."""
     (snippet,) = _blocks("yaml")
-    raw = yaml.safe_load((docrefs.ROOT / "params.yaml").read_text())
-    for section, value in {**yaml.safe_load(snippet), **(extra or {})}.items():
+    raw = yamlio.safe_load((docrefs.ROOT / "params.yaml").read_text())
+    for section, value in {**yamlio.safe_load(snippet), **(extra or {})}.items():
         raw[section] = {**raw.get(section, {}), **value}
     return parse_params(raw, "the how-to's params")
 
@@ -85,8 +85,8 @@ def test_the_documented_optimizer_keeps_its_state_through_a_resume(registered, t
 
     name, _ = registered
     (snippet,) = _blocks("yaml")
-    raw = yaml.safe_load(MICRO.read_text())
-    raw["optim"] = {**raw["optim"], name: yaml.safe_load(snippet)["optim"][name]}  # as step 2 says for the suite
+    raw = yamlio.safe_load(MICRO.read_text())
+    raw["optim"] = {**raw["optim"], name: yamlio.safe_load(snippet)["optim"][name]}  # as step 2 says for the suite
     suite.test_state_dict_round_trip_continues_identically(parse_params(raw, "micro + the page"), name, tmp_path)
 
 

@@ -22,6 +22,7 @@ from scalelab.model import Transformer
 from scalelab.optim import build_optimizers
 from scalelab.optbench import protocol
 from scalelab.optbench import sweep as optbench, runs as optbench_run, timing as optbench_timing
+from scalelab.runtime import yamlio
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 64
@@ -432,7 +433,7 @@ def test_the_study_generator_reads_the_committed_cells(params, tmp_path):
     from scalelab.optbench import claims as claims_b
 
     bench, cells, runs = _synthetic(params, {2: 1500.0, 3: 1800.0})
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     raw["optimizers"]["sizes"] = list(bench.sizes)  # the study ran the synthetic cells' sizes
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     for (opt, size), c in cells.items():

@@ -10,6 +10,7 @@ from torch import nn
 
 from scalelab.config import OptimizerConfig, ScaleConfig, ScheduleConfig
 from scalelab.optim import apply_lr, build_optimizers, lr_factor
+from scalelab.runtime import yamlio
 
 
 class Toy(nn.Module):
@@ -111,7 +112,7 @@ def test_unknown_optimizer_kwargs_are_rejected_by_the_params_schema_naming_the_k
 
     from scalelab.config import ParamsError, load_params
 
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     raw["optim"]["ademamix"]["kwargs"]["alpah"] = 1
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ParamsError, match="optim.ademamix.*unknown key 'alpah' for optimizer 'ademamix'"):

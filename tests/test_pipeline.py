@@ -20,6 +20,8 @@ from mlflow import MlflowClient
 from mutants import assert_caught, mutant
 from workspace import copy_workspace
 
+from scalelab.runtime import yamlio
+
 pytestmark = pytest.mark.slow
 DVC = [sys.executable, "-m", "dvc"]
 spec = importlib.util.spec_from_file_location("scalelab_flow", ROOT / "flows" / "pipeline.py")
@@ -44,7 +46,7 @@ def built(tmp_path_factory, micro_build):
 def test_the_flow_builds_every_stage_once_then_nothing(built):
     build, ws, env = built
     statuses = {r["stage"]: r["status"] for r in build.statuses}
-    stages = set(yaml.safe_load((ws / "dvc.lock").read_text())["stages"])
+    stages = set(yamlio.safe_load((ws / "dvc.lock").read_text())["stages"])
     assert {"prepare", "tokenizer", "tokenize", "scaling", "pretrain@unified-c-0", "pretrain_recipe@muon-standard-a-0",
             "optimizers@muon-a", "leaderboard", "compress@0", "hidden_decoding@n2-0",
             "evaluate@unified-c-0", "report"} <= stages
@@ -59,7 +61,7 @@ def test_the_flow_builds_every_stage_once_then_nothing(built):
 
     # MLflow: the flow's parent run has exactly one finished child per stage that tracks a run
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    exp = client.get_experiment_by_name(yaml.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
+    exp = client.get_experiment_by_name(yamlio.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
     found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{build.info['flow_run_id']}'")
     (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
     children = [r.data.tags["dvc.stage"] for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
@@ -192,7 +194,7 @@ def test_changing_one_variant_reruns_only_its_cells(built, prefect_harness, monk
     for var in ("SCALELAB_PARENT_RUN_ID", "SCALELAB_PREFECT_FLOW_RUN_ID", "SCALELAB_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(ws)
-    params = yaml.safe_load((ws / "params.yaml").read_text())
+    params = yamlio.safe_load((ws / "params.yaml").read_text())
     params["model"]["variants"]["none"] = {"scales": True}  # a real change: its cells train another model
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cells = {f"pretrain@none-{size}-{seed}" for size in params["pretrain"]["grid"]["sizes"]

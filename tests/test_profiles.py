@@ -9,6 +9,7 @@ import yaml
 
 from scalelab.config import ParamsError, load_params, profiles
 from scalelab.config.params import read_yaml
+from scalelab.runtime import yamlio
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = ROOT / "configs" / "defaults.yaml"
@@ -117,7 +118,7 @@ def test_a_switch_to_an_overlay_writes_it_composed_with_both_files_comments(tmp_
     Path("params.yaml").write_text("# the old one\n")
     assert profile.main(["configs/short.yaml"]) == 0, capsys.readouterr().err
     text = Path("params.yaml").read_text()
-    written = yaml.safe_load(text)
+    written = yamlio.safe_load(text)
     expected = read_yaml(DEFAULTS)
     expected["pretrain"]["max_steps"] = 7
     del expected["compress"]["methods"]["svd_llm_e2e"]
@@ -167,9 +168,9 @@ def test_a_study_gets_its_profile_composed_with_its_own_params_over_it(tmp_path)
     name = "configs/hd-parity-hints.yaml"
     plain = StudySpec.model_validate({"profile": name, "grid": [{"stage": "pretrain"}], "seeds": [0], "name": "a"})
     grid.write_params(plain, ROOT, tmp_path / "params.yaml")
-    assert yaml.safe_load((tmp_path / "params.yaml").read_text()) == read_yaml(ROOT / name)
+    assert yamlio.safe_load((tmp_path / "params.yaml").read_text()) == read_yaml(ROOT / name)
     spec = plain.model_copy(update={"params": {"pretrain.max_steps": 5}})
     grid.write_params(spec, ROOT, tmp_path / "params.yaml")
     expected = read_yaml(ROOT / name)
     expected["pretrain"]["max_steps"] = 5
-    assert yaml.safe_load((tmp_path / "params.yaml").read_text()) == expected
+    assert yamlio.safe_load((tmp_path / "params.yaml").read_text()) == expected

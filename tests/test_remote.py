@@ -25,6 +25,7 @@ from workspace import copy_workspace, seed_check_verdicts
 from scalelab.pipeline import remote
 from scalelab.tracking import teamserver
 from scalelab.tracking import dashboard
+from scalelab.runtime import yamlio
 
 pytestmark = pytest.mark.slow
 DVC = [sys.executable, "-m", "dvc"]
@@ -54,7 +55,7 @@ def built(tmp_path_factory, micro_build):
     keep = micro_build.needs(TARGETS)
     assert set(TARGETS) <= set(keep) and {r["stage"]: r["status"] for r in micro_build.statuses
                                            if r["stage"] in keep} == dict.fromkeys(keep, "ran")
-    lock = yaml.safe_load((ws / "dvc.lock").read_text())
+    lock = yamlio.safe_load((ws / "dvc.lock").read_text())
     assert set(keep) <= set(lock["stages"])
     for stage in set(lock["stages"]) - set(keep):
         del lock["stages"][stage]
@@ -104,7 +105,7 @@ def _same_and_clean(ws, env, clone):
     """The clone holds the same bytes in every cached out, `dvc status` is clean but for outs nothing carries, and
     `dvc repro` recomputes nothing."""
     uncached = _uncached(clone)
-    with_cache = [o["path"] for s in yaml.safe_load((ws / "dvc.lock").read_text())["stages"].values()
+    with_cache = [o["path"] for s in yamlio.safe_load((ws / "dvc.lock").read_text())["stages"].values()
                   for o in s.get("outs", []) if o["path"] not in uncached]
     assert any(p.endswith("standard-a-base-0/model") for p in with_cache)
     for path in with_cache:  # every cached out, byte for byte
@@ -128,7 +129,7 @@ def _same_and_clean(ws, env, clone):
 
 def _linked_url(ws, env) -> str:
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    exp = client.get_experiment_by_name(yaml.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
+    exp = client.get_experiment_by_name(yamlio.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
     with contextlib.chdir(ws):  # logged models name their folders relative to the project root
         model = client.get_logged_model(dashboard.find_model(client, exp.experiment_id, ws / MODEL))
     return model.tags[remote.URL_TAG]

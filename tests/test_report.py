@@ -16,6 +16,7 @@ from mutants import mutant, mutation_checks
 
 from scalelab.ledger import claims, report
 from scalelab.ledger.tables import ledger_frame, md_table
+from scalelab.runtime import yamlio
 
 REGIME = claims.regime("0.12B Llama, 20-80 tokens/param", params=1000, tokens=40, paper_tokens_per_param=20)
 
@@ -200,7 +201,7 @@ def test_the_stage_logs_the_report_to_the_parent_run(outs, monkeypatch):
     root, _ = outs
     from mlflow import MlflowClient
 
-    params = yaml.safe_load(MICRO.read_text())
+    params = yamlio.safe_load(MICRO.read_text())
     params["pretrain"]["grid"] |= {"variants": ["standard", "unified"], "sizes": ["a"], "seeds": [0, 1]}
     params["evaluate"]["sizes"] = ["a"]
     (root / "params.yaml").write_text(yaml.safe_dump(params))
@@ -225,7 +226,7 @@ def test_the_stage_logs_the_report_to_the_parent_run(outs, monkeypatch):
 
 
 def test_dvc_wires_every_claims_file_and_the_curves_plot():
-    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    dvc = yamlio.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc["stages"]
 
     def outs_of(stage):

@@ -9,11 +9,12 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 from conftest import ROOT
 from mutants import assert_caught, mutant
 from mlflow import MlflowClient
 from workspace import copy_workspace
+
+from scalelab.runtime import yamlio
 
 pytestmark = pytest.mark.slow
 spec = importlib.util.spec_from_file_location("scalelab_flow", ROOT / "flows" / "pipeline.py")
@@ -68,7 +69,7 @@ def test_micro_grid_on_each_runner(kind, micro_build, tmp_path, prefect_harness,
     assert set(statuses.values()) == {"ran", "up to date"}  # the data stages were built before
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    exp = client.get_experiment_by_name(yaml.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
+    exp = client.get_experiment_by_name(yamlio.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
     found = client.search_runs([exp.experiment_id],
                                f"tags.`prefect.flow_run_id` = '{state.state_details.flow_run_id}'")
     (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
@@ -91,7 +92,7 @@ def test_micro_grid_on_each_runner(kind, micro_build, tmp_path, prefect_harness,
             sort=LogSort.TIMESTAMP_DESC)]
     assert any(f"served {len(CELLS)} stage(s)" in m for m in logs), logs
 
-    assert set(CELLS) <= set(yaml.safe_load((ws / "dvc.lock").read_text())["stages"])
+    assert set(CELLS) <= set(yamlio.safe_load((ws / "dvc.lock").read_text())["stages"])
     assert "up to date" in _run(DVC + ["status", *CELLS], ws, os.environ)
     again = flow_mod.pipeline(targets=CELLS, workers=2)  # the default (thread) runner suffices to check the state
     assert {r["status"] for r in again} == {"up to date"}

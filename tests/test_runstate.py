@@ -28,6 +28,7 @@ from test_orphans import old_sweep  # noqa: F401  (registers the mutant "sweep-s
 from test_tracking import db, project  # noqa: F401  (fixtures: a shared sqlite store, a project root per test)
 
 from scalelab import tracking
+from scalelab.runtime import yamlio
 
 # One cell: its run, a nested run that ends FINISHED, a second nested run that ends as the cell's kind says.
 # Source text, so the cold cells run exactly what the forked ones run.
@@ -194,7 +195,7 @@ def test_a_stage_killed_after_fit_is_never_finished(tmp_path, monkeypatch):
     from conftest import FAST_TMP, MICRO, ROOT
     from test_train import make_shards
 
-    raw = yaml.safe_load(MICRO.read_text())
+    raw = yamlio.safe_load(MICRO.read_text())
     raw["pretrain"].update(max_steps=2, val_every=2, ckpt_every=2, gamma_every=2)
     raw["pretrain"]["sharpness"]["enabled"] = False
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))

@@ -26,6 +26,7 @@ from conftest import ROOT
 from workspace import MICRO, seed_check_verdicts, seed_mlflow_store, seed_prefect_home, workspace_copy
 
 from scalelab.study import cells, costs, gate, grid, spec
+from scalelab.runtime import yamlio
 
 crash_spec = importlib.util.spec_from_file_location("flow_crash", ROOT / "benchmarks" / "flow_crash.py")
 crash = importlib.util.module_from_spec(crash_spec)  # a process tree's marks, kill_tree, timing-free metrics
@@ -292,9 +293,7 @@ def test_a_store_is_set_in_the_params_linked_into_the_workspace_and_exempts_its_
 
 
 def yaml_load(path: Path) -> dict:
-    import yaml
-
-    return yaml.safe_load(path.read_text())
+    return yamlio.safe_load(path.read_text())
 
 
 def test_costs_eta_and_what_a_budget_starts():

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import mlflow
 import pytest
-import yaml
 from conftest import ROOT, marked_processes
 from mlflow import MlflowClient
 from mutants import mutant, mutation_checks
@@ -21,6 +20,7 @@ from workspace import workspace_copy
 
 from scalelab.tracking import teamserver
 from scalelab.tracking import dashboard
+from scalelab.runtime import yamlio
 
 pytestmark = pytest.mark.slow
 CELLS = ["pretrain@none-a-0", "pretrain@standard-a-0"]  # two cells at once: concurrent writers to the server
@@ -68,7 +68,7 @@ def test_the_flow_at_two_workers_logs_to_postgres_through_the_server(server, pre
     assert set(CELLS) <= set(statuses) and set(statuses.values()) == {"ran"}
 
     client = MlflowClient(server.tracking_uri)
-    exp = client.get_experiment_by_name(yaml.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
+    exp = client.get_experiment_by_name(yamlio.safe_load((ws / "params.yaml").read_text())["tracking"]["experiment"])
     found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{state.state_details.flow_run_id}'")
     (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
     children = [r.data.tags["dvc.stage"] for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
